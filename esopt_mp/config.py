@@ -1,0 +1,224 @@
+"""Typed configuration: every Hydra group maps onto one dataclass, validated once.
+
+Hydra composes YAML into a plain dict; :func:`build_config` turns it into a
+:class:`TrainConfig`, rejecting unknown keys and impossible values with a
+message that names the dotted key -- before any process group or model exists.
+Components receive their own section (``cfg.es``, ``cfg.parallel``...), never
+the whole tree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import typing
+from typing import Any
+
+from esopt_mp.es.perturber import MASTER_MODES, RESTORE_MODES
+from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS
+from esopt_mp.es.shaping import SHAPINGS
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or impossible."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+@dataclasses.dataclass
+class ScheduleConfig:
+    kind: str = "cosine"
+    start: float = 1e-3
+    end: float = 2.5e-4
+    steps: int | None = None  # None: the run's es.steps
+
+    def validate(self, key: str) -> None:
+        _check(self.kind in SCHEDULE_KINDS, f"{key}.kind", f"must be one of {SCHEDULE_KINDS}, got {self.kind!r}")
+        for k in ("start", "end"):
+            v = getattr(self, k)
+            _check(math.isfinite(v) and v >= 0, f"{key}.{k}", f"must be finite and >= 0, got {v}")
+        _check(self.steps is None or self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
+
+
+@dataclasses.dataclass
+class ESConfig:
+    population: int = 8
+    steps: int = 20
+    seed: int = 0
+    mirrored: bool = True
+    sigma: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    alpha: ScheduleConfig = dataclasses.field(default_factory=lambda: ScheduleConfig("constant", 5e-4, 5e-4))
+    shaping: str = "zscore"
+    restore: str = "snapshot"
+    master: str = "none"
+    chunk_elems: int = 1 << 24
+    noise_backend: str = "eager"
+    weight_decay: float = 0.0
+    include: list[str] = dataclasses.field(default_factory=lambda: ["*"])
+    exclude: list[str] = dataclasses.field(default_factory=list)
+
+    def validate(self, key: str = "es") -> None:
+        _check(self.population >= 1, f"{key}.population", f"must be >= 1, got {self.population}")
+        _check(not self.mirrored or self.population % 2 == 0, f"{key}.population",
+               f"mirrored sampling needs an even population, got {self.population}")
+        _check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
+        _check(0 <= self.seed < 2**64, f"{key}.seed", f"must be in [0, 2**64), got {self.seed}")
+        self.sigma.validate(f"{key}.sigma")
+        self.alpha.validate(f"{key}.alpha")
+        _check(self.sigma.start > 0, f"{key}.sigma.start", f"a training schedule needs sigma > 0, got {self.sigma.start}")
+        _check(self.shaping in SHAPINGS, f"{key}.shaping", f"must be one of {SHAPINGS}, got {self.shaping!r}")
+        _check(self.restore in RESTORE_MODES, f"{key}.restore", f"must be one of {RESTORE_MODES}, got {self.restore!r}")
+        _check(self.master in MASTER_MODES, f"{key}.master", f"must be one of {MASTER_MODES}, got {self.master!r}")
+        _check(self.chunk_elems >= 1024, f"{key}.chunk_elems", f"must be >= 1024, got {self.chunk_elems}")
+        _check(self.noise_backend in ("eager", "compile"), f"{key}.noise_backend",
+               f"must be eager or compile, got {self.noise_backend!r}")
+        _check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"{key}.weight_decay",
+               f"must be finite and >= 0, got {self.weight_decay}")
+
+
+@dataclasses.dataclass
+class ParallelConfig:
+    dp: int = 1
+    tp: int = 1
+    backend: str = "auto"
+    launcher: str = "auto"  # auto | deepspeed (initialise through deepspeed.init_distributed)
+    checksum_every: int = 10
+
+    def validate(self, key: str = "parallel") -> None:
+        _check(self.dp >= 1, f"{key}.dp", f"must be >= 1, got {self.dp}")
+        _check(self.tp >= 1, f"{key}.tp", f"must be >= 1, got {self.tp}")
+        _check(self.backend in ("auto", "nccl", "gloo"), f"{key}.backend", f"must be auto, nccl or gloo, got {self.backend!r}")
+        _check(self.launcher in ("auto", "deepspeed"), f"{key}.launcher", f"must be auto or deepspeed, got {self.launcher!r}")
+        _check(self.checksum_every >= 0, f"{key}.checksum_every", f"must be >= 0, got {self.checksum_every}")
+
+
+@dataclasses.dataclass
+class TinyModelConfig:
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
+    intermediate_size: int = 128
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    path: str | None = None  # local HF directory; None builds the tiny model into run.dir
+    dtype: str = "float32"
+    tiny: TinyModelConfig = dataclasses.field(default_factory=TinyModelConfig)
+
+    def validate(self, key: str = "model") -> None:
+        _check(self.dtype in ("float32", "bfloat16", "float16"), f"{key}.dtype",
+               f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+@dataclasses.dataclass
+class ObjectiveConfig:
+    name: str = "target_logprob"
+    batch: int = 8
+    prompt_len: int = 8
+    target_len: int = 8
+    seed: int = 1234
+
+    def validate(self, key: str = "objective") -> None:
+        from esopt_mp.objectives import OBJECTIVES
+
+        _check(self.name in OBJECTIVES, f"{key}.name", f"unknown objective {self.name!r}; known: {sorted(OBJECTIVES)}")
+        for k in ("batch", "prompt_len", "target_len"):
+            _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    dir: str = "runs/default"
+    log_every: int = 1
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    es: ESConfig = dataclasses.field(default_factory=ESConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+
+    def validate(self, world_size: int | None = None) -> "TrainConfig":
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if hasattr(section, "validate"):
+                section.validate(f.name)
+        p = self.parallel
+        if world_size is not None:
+            _check(p.dp * p.tp == world_size, "parallel",
+                   f"parallel.dp * parallel.tp must equal the world size: {p.dp} * {p.tp} = {p.dp * p.tp} != {world_size}")
+        _check(self.es.population >= p.dp, "es.population",
+               f"population {self.es.population} is smaller than parallel.dp={p.dp}: some dp groups would idle")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """Hash of what determines the weights (run.* excluded: where and how often to log)."""
+        d = self.to_dict()
+        d.pop("run")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        return _coerce(value, next(a for a in args if a is not type(None)), key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (inner,) = typing.get_args(tp)
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls, data: Any, prefix: str = ""):
+    """Build dataclass ``cls`` from a nested dict; unknown keys raise :class:`ConfigError`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            where = f"{prefix}.{k}" if prefix else k
+            raise ConfigError(f"unknown config key '{where}'; known keys here: {sorted(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def build_config(data: dict, world_size: int | None = None) -> TrainConfig:
+    """Validated :class:`TrainConfig` from a composed dict (Hydra's ``defaults`` key is ignored)."""
+    data = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
+    return from_dict(TrainConfig, data).validate(world_size)

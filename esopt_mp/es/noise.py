@@ -1,0 +1,195 @@
+"""Counter-based Gaussian noise that is the same whatever the sharding.
+
+eps for member seed ``s`` is a pure function of (s, canonical tensor name,
+row-major element index in the unsharded tensor) -- see ARCHITECTURE.md s.4:
+Philox4x32-10 keyed by ``s``, counter ``(j // 4, tid)``, Box-Muller in float64,
+element ``j`` takes output ``j % 4``. A rank holding any box-shaped slice of a
+tensor (a row shard, a column shard, the whole tensor) regenerates exactly its
+slice without materialising anything larger than one block.
+
+A local slice is a set of equal-length *runs* that are contiguous both in the
+local tensor and in the global row-major order (whole rows of a column shard,
+the whole tensor when nothing is sliced); :func:`stream` walks them in blocks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from functools import cached_property
+
+import torch
+
+from esopt_mp.es.philox import get_kernel, key_words, tensor_id
+
+DEFAULT_BLOCK = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """Where a local tensor sits in its canonical (checkpoint) tensor.
+
+    ``offset[d]:offset[d] + local_shape[d]`` is the global slice held along
+    dimension ``d``; a replicated tensor has zero offsets and the full shape.
+    """
+
+    name: str
+    global_shape: tuple[int, ...]
+    offset: tuple[int, ...]
+    local_shape: tuple[int, ...]
+
+    def __post_init__(self):
+        g, lo, n = (tuple(int(x) for x in v) for v in (self.global_shape, self.offset, self.local_shape))
+        object.__setattr__(self, "global_shape", g)
+        object.__setattr__(self, "offset", lo)
+        object.__setattr__(self, "local_shape", n)
+        if not self.name:
+            raise ValueError("ShardInfo needs a canonical tensor name")
+        if not len(g) == len(lo) == len(n):
+            raise ValueError(f"{self.name}: global_shape {g}, offset {lo} and local_shape {n} differ in rank")
+        for d, (gd, od, nd) in enumerate(zip(g, lo, n)):
+            if gd < 0 or nd < 0 or od < 0 or od + nd > gd:
+                raise ValueError(
+                    f"{self.name}: slice [{od}:{od + nd}] of dim {d} lies outside the global shape {g}"
+                )
+
+    @classmethod
+    def full(cls, name: str, shape) -> "ShardInfo":
+        shape = tuple(shape)
+        return cls(name, shape, (0,) * len(shape), shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for x in self.local_shape:
+            n *= x
+        return n
+
+    @property
+    def is_full(self) -> bool:
+        return self.local_shape == self.global_shape
+
+    @cached_property
+    def tid(self) -> int:
+        return tensor_id(self.name)
+
+    @cached_property
+    def _runs(self) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
+        """(run length W, outer local shape, outer global offsets, outer global strides, base)."""
+        g, lo, n = self.global_shape, self.offset, self.local_shape
+        inner, k = 1, len(g) - 1
+        while k >= 0 and lo[k] == 0 and n[k] == g[k]:
+            inner *= g[k]
+            k -= 1
+        if k < 0:
+            return inner, (), (), (), 0
+        strides, s = [0] * k, inner * g[k]
+        for d in range(k - 1, -1, -1):
+            strides[d] = s
+            s *= g[d]
+        return n[k] * inner, n[:k], lo[:k], tuple(strides), lo[k] * inner
+
+    def run_starts(self, r0: int, r1: int) -> torch.Tensor:
+        """Global flat index of the first element of local runs ``r0..r1-1`` (int64, CPU)."""
+        _, outer, olo, ostride, base = self._runs
+        idx = torch.arange(r0, r1, dtype=torch.int64)
+        start = torch.full_like(idx, base)
+        for d in range(len(outer) - 1, -1, -1):
+            start += (idx % outer[d] + olo[d]) * ostride[d]
+            idx = idx // outer[d]
+        return start
+
+    def blocks(self, start: int, stop: int, block: int) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """Cover local flat range [start, stop) with (local offset, run starts [R], length L), R*L <= block."""
+        width = self._runs[0]
+        p = start
+        while p < stop:
+            r, c = divmod(p, width)
+            if c == 0 and width <= block and stop - p >= width:
+                nr = min((stop - p) // width, block // width)
+                yield p, self.run_starts(r, r + nr), width
+                p += nr * width
+            else:
+                length = min(width - c, stop - p, block)
+                yield p, self.run_starts(r, r + 1) + c, length
+                p += length
+
+
+def _runs_normals(kernel, words: torch.Tensor, starts: torch.Tensor, length: int, device) -> torch.Tensor:
+    """float32 [R, L]: normals at global indices starts[r] + 0..L-1."""
+    rows = starts.numel()
+    lanes = starts % 4
+    lo, hi = int(lanes.min()), int(lanes.max())
+    ncount = (hi + length + 3) // 4
+    q = (starts // 4).to(device)[:, None] + torch.arange(ncount, dtype=torch.int64, device=device)
+    z = kernel(q.reshape(-1), words).view(rows, 4 * ncount)
+    if lo == hi:
+        return z[:, lo : lo + length]
+    out = torch.empty(rows, length, dtype=torch.float32, device=device)
+    for lane in range(lo, hi + 1):
+        sel = (lanes == lane).to(device)
+        out[sel] = z[sel, lane : lane + length]
+    return out
+
+
+def stream(
+    seed: int,
+    info: ShardInfo,
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    block: int = DEFAULT_BLOCK,
+    device=None,
+    backend: str = "eager",
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield (local flat offset p, eps [R, L]) covering local elements [start, stop) of ``info``.
+
+    ``eps.reshape(-1)`` belongs at ``local_flat[p : p + R * L]``. Extra memory is O(block).
+    """
+    stop = info.numel if stop is None else stop
+    if not 0 <= start <= stop <= info.numel:
+        raise ValueError(f"{info.name}: local range [{start}, {stop}) outside 0..{info.numel}")
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    kernel = get_kernel(backend)
+    words = key_words(seed, info.tid, device)
+    for p, starts, length in info.blocks(start, stop, block):
+        yield p, _runs_normals(kernel, words, starts, length, device)
+
+
+def fill_(out: torch.Tensor, seed: int, info: ShardInfo, *, scale: float = 1.0, accumulate: bool = False,
+          block: int = DEFAULT_BLOCK, backend: str = "eager") -> torch.Tensor:
+    """Write (or add, with ``accumulate``) ``scale * eps`` of ``info``'s slice into ``out`` in place."""
+    if tuple(out.shape) != info.local_shape:
+        raise ValueError(f"{info.name}: out has shape {tuple(out.shape)}, slice is {info.local_shape}")
+    if not out.is_contiguous():
+        raise ValueError(f"{info.name}: out must be contiguous")
+    flat = out.view(-1)
+    for p, z in stream(seed, info, block=block, device=out.device, backend=backend):
+        dst = flat[p : p + z.numel()].view_as(z)
+        if accumulate:
+            dst.add_(z, alpha=scale)
+        else:
+            dst.copy_(z)
+            if scale != 1.0:
+                dst.mul_(scale)
+    return out
+
+
+def local_noise(seed: int, info: ShardInfo, *, device=None, block: int = DEFAULT_BLOCK,
+                backend: str = "eager") -> torch.Tensor:
+    """eps for ``info``'s local slice as a new float32 tensor."""
+    out = torch.empty(info.local_shape, dtype=torch.float32, device=device)
+    return fill_(out, seed, info, block=block, backend=backend)
+
+
+def gaussian(seed: int, name: str, index: torch.Tensor, *, backend: str = "eager") -> torch.Tensor:
+    """eps at row-major element indices ``index`` of the canonical tensor ``name`` (float32, index's shape)."""
+    if index.dtype != torch.int64:
+        raise TypeError(f"index must be int64 (torch.long), got {index.dtype}")
+    if index.numel() and int(index.min()) < 0:
+        raise ValueError("element indices must be non-negative")
+    flat = index.reshape(-1)
+    words = key_words(seed, tensor_id(name), index.device)
+    z = get_kernel(backend)(flat // 4, words)
+    return z.gather(1, (flat % 4)[:, None]).view(index.shape)

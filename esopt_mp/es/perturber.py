@@ -1,0 +1,215 @@
+"""Perturb / restore / update over the local shards a rank holds.
+
+Every operation streams eps in blocks (see :mod:`esopt_mp.es.noise`), so the
+extra memory of any call is one fp32 accumulator of at most ``chunk_elems``
+(update only) plus one noise block, whatever the size of the largest tensor.
+The two exceptions are the state a precision mode keeps by design: the
+``snapshot`` copy and the ``fp32_host`` master, both of the local shard, in
+host memory.
+
+Precision modes (ARCHITECTURE.md s.5):
+
+- ``restore="subtract"``: add sigma*eps, later subtract it again; exact in
+  fp32 up to rounding, drifts in bf16.
+- ``restore="snapshot"``: copy of the local shard (host, pinned on CUDA),
+  copied back on restore: bit-exact in every dtype.
+- ``master="fp32_host"``: an fp32 master of the shard on the host; updates
+  accumulate there and device weights are re-rounded from it, so bf16 weights
+  still absorb steps far below their resolution. Restore copies the master back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from esopt_mp.es.noise import ShardInfo, stream
+
+RESTORE_MODES = ("subtract", "snapshot")
+MASTER_MODES = ("none", "fp32_host")
+
+
+@dataclasses.dataclass
+class LocalShard:
+    """A local tensor together with where it sits in its canonical tensor."""
+
+    tensor: torch.Tensor
+    info: ShardInfo
+
+    def __post_init__(self):
+        if tuple(self.tensor.shape) != self.info.local_shape:
+            raise ValueError(f"{self.info.name}: tensor shape {tuple(self.tensor.shape)} != {self.info.local_shape}")
+        if not self.tensor.is_floating_point():
+            raise ValueError(f"{self.info.name}: ES perturbs floating-point tensors, got {self.tensor.dtype}")
+        if not self.tensor.is_contiguous():
+            raise ValueError(f"{self.info.name}: local tensor must be contiguous")
+
+
+def build_local_shards(module: torch.nn.Module, include=None) -> list[LocalShard]:
+    """Shards of an unsharded module: every parameter whole, under its own name.
+
+    Tied parameters appear once (under the first name), as in a checkpoint.
+    ``include`` is an optional predicate on the name.
+    """
+    return [
+        LocalShard(p.data, ShardInfo.full(name, p.shape))
+        for name, p in module.named_parameters()
+        if include is None or include(name)
+    ]
+
+
+def _finite(name: str, v: float, nonneg: bool = False) -> float:
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {v!r}") from None
+    if not math.isfinite(v) or (nonneg and v < 0):
+        raise ValueError(f"{name} must be finite{' and >= 0' if nonneg else ''}, got {v}")
+    return v
+
+
+def _host_copy(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=dtype or t.dtype, device="cpu", pin_memory=t.is_cuda)
+    return out.copy_(t)
+
+
+class Perturber:
+    """ES operations on a fixed list of local shards (all ranks call them in lockstep)."""
+
+    def __init__(
+        self,
+        shards: Iterable[LocalShard],
+        *,
+        restore: str = "snapshot",
+        master: str = "none",
+        chunk_elems: int = 1 << 24,
+        block: int | None = None,
+        noise_backend: str = "eager",
+    ):
+        if restore not in RESTORE_MODES:
+            raise ValueError(f"unknown restore mode {restore!r}; expected one of {RESTORE_MODES}")
+        if master not in MASTER_MODES:
+            raise ValueError(f"unknown master mode {master!r}; expected one of {MASTER_MODES}")
+        if chunk_elems < 1:
+            raise ValueError(f"chunk_elems must be >= 1, got {chunk_elems}")
+        self.shards = list(shards)
+        names = [s.info.name for s in self.shards]
+        if len(set(names)) != len(names):
+            raise ValueError("each canonical tensor name may appear only once among the local shards")
+        self.restore_mode, self.master_mode = restore, master
+        self.chunk_elems = int(chunk_elems)
+        # a noise block's temporaries (~40 B/element) stay under ~10% of the fp32 chunk
+        self.block = int(block) if block else max(1 << 14, min(1 << 17, self.chunk_elems // 128))
+        self.noise_backend = noise_backend
+        self._active: tuple[int, float, int] | None = None
+        self._master = [_host_copy(s.tensor, torch.float32) for s in self.shards] if master == "fp32_host" else None
+        self._snapshot: list[torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def is_perturbed(self) -> bool:
+        return self._active is not None
+
+    @property
+    def numel(self) -> int:
+        return sum(s.info.numel for s in self.shards)
+
+    def _stream(self, seed: int, shard: LocalShard, a: int, b: int):
+        return stream(seed, shard.info, a, b, block=self.block, device=shard.tensor.device,
+                      backend=self.noise_backend)
+
+    def _add_noise_(self, seed: int, scale: float) -> None:
+        for shard in self.shards:
+            flat = shard.tensor.view(-1)
+            for p, z in self._stream(seed, shard, 0, shard.info.numel):
+                flat[p : p + z.numel()].view_as(z).add_(z, alpha=scale)
+
+    def _copy_back_(self, sources: list[torch.Tensor]) -> None:
+        for shard, src in zip(self.shards, sources):
+            dst, src = shard.tensor.view(-1), src.view(-1)
+            for a in range(0, dst.numel(), self.chunk_elems):
+                dst[a : a + self.chunk_elems].copy_(src[a : a + self.chunk_elems], non_blocking=False)
+
+    # ------------------------------------------------------------------ ops
+    def perturb(self, seed: int, sigma: float, sign: int = 1) -> None:
+        """theta += sign * sigma * eps(seed) on every local shard."""
+        if self._active is not None:
+            raise RuntimeError(f"perturb() called while member seed {self._active[0]} is active; restore() first")
+        sigma = _finite("sigma", sigma, nonneg=True)
+        if sign not in (1, -1):
+            raise ValueError(f"sign must be +1 or -1, got {sign}")
+        if self.restore_mode == "snapshot" and self._master is None and self._snapshot is None:
+            self._snapshot = [_host_copy(s.tensor) for s in self.shards]
+        self._add_noise_(seed, sign * sigma)
+        self._active = (int(seed), sigma, sign)
+
+    def restore(self) -> None:
+        """Undo the active perturbation (exactly, except ``subtract`` in low precision)."""
+        if self._active is None:
+            raise RuntimeError("restore() called with no active perturbation")
+        seed, sigma, sign = self._active
+        if self._master is not None:
+            self._copy_back_(self._master)
+        elif self.restore_mode == "snapshot":
+            self._copy_back_(self._snapshot)
+        else:
+            self._add_noise_(seed, -sign * sigma)
+        self._active = None
+
+    def update(
+        self,
+        seeds: Sequence[int],
+        signs: Sequence[int],
+        weights: Sequence[float],
+        alpha: float,
+        weight_decay: float = 0.0,
+    ) -> None:
+        """theta <- (1 - alpha*wd) * theta + (alpha / G) * sum_i w_i * sign_i * eps(seed_i).
+
+        One fused pass per chunk: the sum accumulates in fp32 and is applied
+        once, so each weight is rounded once per update.
+        """
+        if self._active is not None:
+            raise RuntimeError("update() called while perturbed; restore() first")
+        if not len(seeds) == len(signs) == len(weights) or not len(seeds):
+            raise ValueError(
+                f"seeds, signs and weights must be non-empty and of equal length, got "
+                f"{len(seeds)}, {len(signs)}, {len(weights)}"
+            )
+        alpha = _finite("alpha", alpha, nonneg=True)
+        weight_decay = _finite("weight_decay", weight_decay, nonneg=True)
+        ws = [_finite(f"weights[{i}]", w) for i, w in enumerate(weights)]
+        if any(s not in (1, -1) for s in signs):
+            raise ValueError(f"signs must be +1 or -1, got {list(signs)}")
+        scale = alpha / len(ws)
+        decay = 1.0 - alpha * weight_decay
+        members = [(int(s), g * w) for s, g, w in zip(seeds, signs, ws) if w != 0.0]
+        sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard
+        for shard in self.shards:
+            dev = shard.tensor.device
+            sizes[dev] = max(sizes.get(dev, 0), min(self.chunk_elems, shard.info.numel))
+        bufs = {dev: torch.empty(n, dtype=torch.float32, device=dev) for dev, n in sizes.items()}
+        for k, shard in enumerate(self.shards):
+            flat = shard.tensor.view(-1)
+            n = shard.info.numel
+            acc_buf = bufs[shard.tensor.device]
+            for a in range(0, n, self.chunk_elems):
+                b = min(n, a + self.chunk_elems)
+                acc = acc_buf[: b - a].zero_()
+                for seed, w in members:
+                    for p, z in self._stream(seed, shard, a, b):
+                        acc[p - a : p - a + z.numel()].view_as(z).add_(z, alpha=w)
+                acc.mul_(scale)
+                if self._master is not None:
+                    m = self._master[k].view(-1)[a:b]
+                    if decay != 1.0:
+                        m.mul_(decay)
+                    m.add_(acc.to(m.device))
+                    flat[a:b].copy_(m)
+                elif decay != 1.0:
+                    flat[a:b].copy_(acc.add_(flat[a:b], alpha=decay))
+                else:
+                    flat[a:b].add_(acc)
+        self._snapshot = None  # stale: refreshed at the next perturb

@@ -1,0 +1,5 @@
+"""Model loading onto the tp mesh, shard maps, tiny local checkpoints."""
+from esopt_mp.models.loading import build_shards, full_state_dict, load_model
+from esopt_mp.models.tiny import build_tiny_qwen35, tiny_qwen35_config
+
+__all__ = ["build_shards", "build_tiny_qwen35", "full_state_dict", "load_model", "tiny_qwen35_config"]

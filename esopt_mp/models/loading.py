@@ -1,0 +1,121 @@
+"""Load a HF causal LM onto the tp sub-mesh and describe every local tensor.
+
+transformers' native tensor parallelism (``DistributedConfig``) builds its
+mesh over the *whole* world. ES needs TP inside each data-parallel group, so
+:func:`load_model` hands transformers a mesh manager whose ``tp`` view is this
+rank's dp group; everything else (the model's own ``base_model_tp_plan``,
+sharded loading, DTensor parameters) is transformers' code path unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import logging
+import os
+
+import torch
+
+from esopt_mp.es.noise import ShardInfo
+from esopt_mp.es.perturber import LocalShard
+from esopt_mp.parallel.dims import ParallelDims
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _as_dtensor(p):
+    from torch.distributed.tensor import DTensor
+
+    d = p.data if isinstance(p, torch.nn.Parameter) else p
+    return d if isinstance(d, DTensor) else None
+
+
+@contextlib.contextmanager
+def _tp_mesh_for_transformers(dims: ParallelDims, distributed_config):
+    """Make ``from_pretrained`` shard over ``dims``' tp sub-mesh instead of the whole world."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import modeling_utils
+    from transformers.distributed.utils import TransformersDeviceMesh
+
+    shape = (1, dims.dp, 1, dims.tp)
+    dense = init_device_mesh(dims.device_type, shape, mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp"))
+    expert = init_device_mesh(dims.device_type, shape, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep"))
+    manager = TransformersDeviceMesh(dense, expert)
+    cls = modeling_utils.PreTrainedModel
+    original = cls.__dict__.get("prepare_distribute_model")  # may live on a mixin base
+
+    def prepare(klass, config, device_map=None):
+        device_map = torch.device("cuda", torch.cuda.current_device()) if dims.device_type == "cuda" else None
+        return distributed_config, device_map, manager
+
+    cls.prepare_distribute_model = classmethod(prepare)
+    try:
+        yield
+    finally:
+        if original is None:
+            del cls.prepare_distribute_model
+        else:
+            cls.prepare_distribute_model = original
+
+
+def load_model(path: str, dims: ParallelDims, dtype: str = "float32"):
+    """``AutoModelForCausalLM`` from a local directory: sharded when tp > 1, else whole on every rank."""
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model.path {path!r} is not a local directory (nothing is downloaded)")
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    kwargs = dict(dtype=DTYPES[dtype], local_files_only=True)
+    if dims.tp > 1:
+        from transformers.distributed import DistributedConfig
+
+        dc = DistributedConfig(tp_size=dims.tp)
+        with _tp_mesh_for_transformers(dims, dc):
+            model = AutoModelForCausalLM.from_pretrained(path, distributed_config=dc, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if dims.device_type == "cuda":
+            model = model.to(torch.device("cuda", torch.cuda.current_device()))
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _selected(name: str, include, exclude) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in include) and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+
+
+def build_shards(model: torch.nn.Module, include=("*",), exclude=()) -> list[LocalShard]:
+    """Each selected parameter's local tensor with (canonical name, global shape, global slice).
+
+    Canonical names are the parameter names, which for transformers models are
+    the checkpoint keys ``save_pretrained`` writes. Sharded parameters are
+    DTensors: their slice comes from the placements; replicated ones cover the
+    whole tensor. ``include``/``exclude`` are glob patterns on the name.
+    """
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shards = []
+    for name, p in model.named_parameters():
+        if not _selected(name, include, exclude):
+            continue
+        d = _as_dtensor(p)
+        if d is None:
+            shards.append(LocalShard(p.data, ShardInfo.full(name, p.shape)))
+            continue
+        local_shape, offset = compute_local_shape_and_global_offset(d.shape, d.device_mesh, d.placements)
+        shards.append(LocalShard(d.to_local(), ShardInfo(name, tuple(d.shape), tuple(offset), tuple(local_shape))))
+    if not shards:
+        raise ValueError(f"no parameter matches include={list(include)} exclude={list(exclude)}")
+    return shards
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded parameters on CPU (a collective on the tp group when the model is sharded)."""
+    out = {}
+    for name, p in model.named_parameters():
+        d = _as_dtensor(p)
+        out[name] = (d.full_tensor() if d is not None else p.data).detach().cpu().clone()
+    return out

@@ -1,0 +1,69 @@
+"""Non-agentic ES objectives: what a member's return is when no environment is involved.
+
+Agent environments (Sudoku, ReAct math, ...) plug in through the same
+``evaluate(model, member)`` call. These two exist for the parallel core:
+
+- ``target_logprob``: mean log-likelihood of fixed target continuations
+  (a copy task over random token prompts), one batched teacher-forced forward.
+  Computed from the model's own outputs, identical on every TP rank.
+- ``seed_hash``: a return that depends only on the member's seed and sign, so
+  runs on different layouts must end with bit-identical weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from esopt_mp.es.seeds import M64, splitmix64
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    step: int
+    index: int
+    seed: int
+    sign: int
+
+
+class SeedHash:
+    def __init__(self, cfg, vocab_size: int):
+        pass
+
+    def evaluate(self, model, member: Member | None) -> float:
+        if member is None:
+            return 0.0
+        return splitmix64(member.seed ^ (M64 if member.sign < 0 else 0)) / 2.0**64
+
+
+class TargetLogProb:
+    def __init__(self, cfg, vocab_size: int):
+        g = torch.Generator().manual_seed(cfg.seed)
+        self.prompt_len = cfg.prompt_len
+        # the target copies the first target_len prompt tokens: learnable by attention
+        train = torch.randint(0, vocab_size, (cfg.batch, cfg.prompt_len), generator=g)
+        held = torch.randint(0, vocab_size, (cfg.batch, cfg.prompt_len), generator=g)
+        reps = -(-cfg.target_len // cfg.prompt_len)
+        self.train_ids = torch.cat([train, train.repeat(1, reps)[:, : cfg.target_len]], 1)
+        self.eval_ids = torch.cat([held, held.repeat(1, reps)[:, : cfg.target_len]], 1)
+
+    @torch.no_grad()
+    def score(self, model, ids: torch.Tensor) -> float:
+        device = next(model.parameters()).device
+        ids = ids.to(device)
+        logits = model(input_ids=ids).logits
+        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+        logp = torch.log_softmax(logits[:, self.prompt_len - 1 : -1].float(), dim=-1)
+        target = ids[:, self.prompt_len :]
+        return float(logp.gather(-1, target[..., None]).mean())
+
+    def evaluate(self, model, member: Member | None) -> float:
+        """Return of a (perturbed) member on the training batch; ``None``: held-out score."""
+        return self.score(model, self.train_ids if member is not None else self.eval_ids)
+
+
+OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash}
+
+
+def build_objective(cfg, vocab_size: int):
+    return OBJECTIVES[cfg.name](cfg, vocab_size)

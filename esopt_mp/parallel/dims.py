@@ -1,0 +1,116 @@
+"""ParallelDims: the dp x tp grid of an ES job, passed explicitly (no process-group globals).
+
+Ranks are laid out row-major over (dp, tp): the ``tp`` ranks of one data-parallel
+group are consecutive, so tensor parallelism stays inside a node. Each dp group
+evaluates its own members; its TP leader (tp rank 0) owns prompts, environments
+and the returns it reports.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+
+import torch
+import torch.distributed as dist
+
+from esopt_mp.parallel.launcher import LaunchEnv
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ParallelDims:
+    dp: int
+    tp: int
+    world_size: int
+    rank: int = 0
+    device_type: str = "cpu"
+    mesh: object = dataclasses.field(default=None, repr=False)  # DeviceMesh ("dp", "tp") when world > 1
+
+    def __post_init__(self):
+        for key in ("dp", "tp", "world_size"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"parallel.{key} must be a positive integer, got {v!r}")
+        if self.dp * self.tp != self.world_size:
+            raise ValueError(
+                f"parallel.dp * parallel.tp must equal the world size: {self.dp} * {self.tp} = "
+                f"{self.dp * self.tp} != {self.world_size}"
+            )
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world of size {self.world_size}")
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def is_tp_leader(self) -> bool:
+        return self.tp_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.mesh is not None
+
+    @property
+    def tp_mesh(self):
+        return self.mesh["tp"] if self.mesh is not None else None
+
+    def group(self, dim: str):
+        """Process group of ``dim`` in {"dp", "tp", "world"}; None when not distributed."""
+        if self.mesh is None:
+            return None
+        return dist.group.WORLD if dim == "world" else self.mesh.get_group(dim)
+
+    def members(self, population: int) -> list[int]:
+        """Members this rank's dp group evaluates: m with m % dp == dp_rank."""
+        return list(range(self.dp_rank, population, self.dp))
+
+    def build_mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.world_size > 1:
+            self.mesh = init_device_mesh(self.device_type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        return self.mesh
+
+
+def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", use_deepspeed: bool = False,
+                     timeout_s: float = 1800.0) -> ParallelDims:
+    """Create the process group (if world > 1) and the (dp, tp) mesh.
+
+    ``backend="auto"`` is NCCL on CUDA and gloo on CPU. With ``use_deepspeed``
+    the group is created by ``deepspeed.init_distributed`` (its MPI discovery
+    included), as under the ``deepspeed`` launcher.
+    """
+    dims = ParallelDims(dp, tp, le.world_size, le.rank)  # validates before any process group exists
+    cuda = torch.cuda.is_available()
+    dims.device_type = "cuda" if cuda else "cpu"
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"parallel.backend must be auto, nccl or gloo, got {backend!r}")
+    if cuda:
+        torch.cuda.set_device(le.local_rank % torch.cuda.device_count())
+    if le.world_size > 1 and not dist.is_initialized():
+        le.export()
+        if use_deepspeed:
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True,
+                                       timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    dims.build_mesh()
+    log.info("rank %d/%d (%s): dp_rank %d of %d, tp_rank %d of %d, backend %s", le.rank, le.world_size,
+             le.launcher, dims.dp_rank, dp, dims.tp_rank, tp, backend if le.world_size > 1 else "none")
+    return dims
+
+
+def close_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

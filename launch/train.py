@@ -1,0 +1,61 @@
+"""ES training entry point: compose config -> discover ranks -> build -> train -> close.
+
+    python launch/train.py                                   # embedded default, CPU
+    torchrun --nproc_per_node 4 launch/train.py parallel.tp=2 parallel.dp=2
+    deepspeed --num_gpus 4 launch/train.py parallel.launcher=deepspeed parallel.tp=2 parallel.dp=2
+    srun python launch/train.py ...   /   mpirun -np 2 python launch/train.py parallel.dp=2
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+
+def _strip_launcher_args() -> None:
+    """The deepspeed launcher appends ``--local_rank=N``; Hydra accepts only overrides."""
+    keep = []
+    for arg in sys.argv[1:]:
+        if arg.startswith("--local_rank"):
+            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1] if "=" in arg else "0")
+            continue
+        keep.append(arg)
+    sys.argv[1:] = keep
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(hcfg: DictConfig) -> None:
+    import torch
+
+    from esopt_mp.config import build_config
+    from esopt_mp.metrics import setup_logging
+    from esopt_mp.parallel import close_distributed, discover, init_distributed
+    from esopt_mp.trainer import ESTrainer
+
+    launch = discover()
+    setup_logging(launch.rank)
+    cfg = build_config(OmegaConf.to_container(hcfg, resolve=True), launch.world_size)
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.world_size))
+    dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
+                            use_deepspeed=cfg.parallel.launcher == "deepspeed")
+    trainer = None
+    try:
+        trainer = ESTrainer(cfg, dims)
+        summary = trainer.train()
+        if launch.rank == 0:
+            print(json.dumps(summary))
+    finally:
+        if trainer is not None:
+            trainer.close()
+        close_distributed()
+
+
+if __name__ == "__main__":
+    _strip_launcher_args()
+    main()

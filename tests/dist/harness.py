@@ -1,0 +1,45 @@
+"""Spawn a gloo world of N CPU processes running one worker function."""
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn, args, errors):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        fn(rank, world, *args)
+    except BaseException:
+        errors.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_world(world: int, fn, *args, timeout: float = 300.0) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; re-raise the first failure."""
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    try:
+        mp.start_processes(_entry, args=(world, free_port(), fn, args, errors), nprocs=world, join=True,
+                           start_method="spawn")
+    except Exception as exc:
+        msgs = []
+        while not errors.empty():
+            msgs.append("rank %d:\n%s" % errors.get())
+        raise AssertionError("\n".join(msgs) or str(exc)) from exc

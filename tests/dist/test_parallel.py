@@ -1,0 +1,77 @@
+import math
+
+import pytest
+import torch
+
+from esopt_mp.models import build_tiny_qwen35
+from tests.dist import workers
+from tests.dist.harness import run_world
+
+pytestmark = pytest.mark.slow
+LAYOUTS = [(1, 1), (1, 2), (2, 1), (2, 2)]  # (dp, tp)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return build_tiny_qwen35(str(tmp_path_factory.mktemp("model") / "tiny"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def layout_results(tiny_model, tmp_path_factory):
+    out = {}
+    for dp, tp in LAYOUTS:
+        d = tmp_path_factory.mktemp(f"dp{dp}tp{tp}")
+        run_world(dp * tp, workers.layout_worker, dp, tp, tiny_model, str(d / "run"), str(d / "out.pt"), 3)
+        out[(dp, tp)] = torch.load(d / "out.pt")
+    return out
+
+
+def test_tp_shards_the_model(layout_results):
+    sharded = layout_results[(1, 2)]["sharded"]
+    assert "model.layers.0.mlp.down_proj.weight" in sharded and "lm_head.weight" in sharded
+    assert layout_results[(1, 1)]["sharded"] == []
+
+
+def test_seed_only_reward_gives_bit_identical_weights_on_every_layout(layout_results):
+    ref = layout_results[(1, 1)]["seed_hash"]
+    base_changed = False
+    for layout in LAYOUTS[1:]:
+        got = layout_results[layout]["seed_hash"]
+        assert got.keys() == ref.keys()
+        for k in ref:
+            assert torch.equal(got[k], ref[k]), f"{layout}: {k}"
+    assert layout_results[(1, 1)]["seed_hash_comm"] == 0
+
+
+def test_model_output_reward_agrees_to_1e5_relative(layout_results, tiny_model):
+    from safetensors.torch import load_file
+
+    base = load_file(f"{tiny_model}/model.safetensors")
+    ref = layout_results[(1, 1)]["target_logprob"]
+    assert any(not torch.equal(ref[k], base[k]) for k in ref), "ES did not move the weights"
+    for layout in LAYOUTS[1:]:
+        got = layout_results[layout]["target_logprob"]
+        for k in ref:
+            rel = (got[k] - ref[k]).norm() / ref[k].norm().clamp_min(1e-12)
+            assert rel <= 1e-5, f"{layout}: {k} rel {rel:.2e}"
+
+
+def test_comm_bytes_do_not_depend_on_model_size(layout_results):
+    # 3 steps of one all-gather of G=8 x (return, flag) float64, checksum every step over dp
+    b = layout_results[(2, 2)]["seed_hash_comm"]
+    assert 0 < b < 3 * (8 * 2 * 8 * 3 * 2 + 64 * 8 * 2)
+
+
+def test_corrupted_replica_is_named(tiny_model, tmp_path):
+    run_world(2, workers.drift_worker, tiny_model, str(tmp_path / "run"), str(tmp_path / "msg"))
+    for rank in (0, 1):
+        msg = torch.load(tmp_path / f"msg.{rank}")
+        assert "model.layers.1.mlp.down_proj.weight" in msg and "1 tensor(s) differ" in msg
+
+
+def test_gather_returns_from_leaders_only(tmp_path):
+    run_world(4, workers.gather_worker, str(tmp_path / "g"))
+    for rank in range(4):
+        returns, nbytes = torch.load(tmp_path / f"g.{rank}")
+        assert returns[:3] == [1.0, 11.0, 21.0] and math.isnan(returns[3]) and returns[4:] == [41.0, 51.0]
+        assert nbytes == 2 * 3 * 6 * 2 * 8  # sent + received of a 96-byte slice among 4 ranks

@@ -1,0 +1,77 @@
+"""Worker bodies for the spawned multi-process tests (importable by spawned children)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from esopt_mp.config import build_config
+from esopt_mp.es import ShardInfo, local_noise, population
+from esopt_mp.models import full_state_dict
+from esopt_mp.parallel import (CommStats, ReplicaDriftError, check_replicas, discover, gather_returns,
+                               init_distributed)
+from esopt_mp.trainer import ESTrainer
+
+
+def _cfg(dp: int, tp: int, model_path: str, run_dir: str, objective: str, steps: int, **es):
+    es_cfg = {"population": 8, "steps": steps, "seed": 7, "mirrored": True,
+              "sigma": {"kind": "cosine", "start": 0.02, "end": 0.01},
+              "alpha": {"kind": "constant", "start": 0.01, "end": 0.01}, "restore": "snapshot"}
+    es_cfg.update(es)
+    return build_config({"run": {"dir": run_dir}, "model": {"path": model_path},
+                         "parallel": {"dp": dp, "tp": tp, "checksum_every": 1},
+                         "es": es_cfg, "objective": {"name": objective, "batch": 4}}, dp * tp)
+
+
+def layout_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_dir: str, out_path: str,
+                  steps: int) -> None:
+    le = discover()
+    dims = init_distributed(le, dp, tp)
+    result = {}
+    for objective in ("seed_hash", "target_logprob"):
+        trainer = ESTrainer(_cfg(dp, tp, model_path, f"{run_dir}/{objective}", objective, steps), dims)
+        if objective == "seed_hash":
+            # local eps slices are bit-identical to the same slice of the unsharded eps
+            seed = population(7, 0, 8, True)[0][0]
+            for shard in trainer.shards:
+                info = shard.info
+                box = tuple(slice(o, o + n) for o, n in zip(info.offset, info.local_shape))
+                full = local_noise(seed, ShardInfo.full(info.name, info.global_shape))
+                assert torch.equal(local_noise(seed, info), full[box]), info.name
+            result["sharded"] = sorted(s.info.name for s in trainer.shards if not s.info.is_full)
+        for t in range(steps):
+            trainer.step(t)
+        result[objective] = full_state_dict(trainer.model)
+        result[f"{objective}_comm"] = trainer.comm.total
+        trainer.close()
+    if rank == 0:
+        torch.save(result, out_path)
+
+
+def drift_worker(rank: int, world: int, model_path: str, run_dir: str, out_path: str) -> None:
+    dims = init_distributed(discover(), 2, 1)
+    trainer = ESTrainer(_cfg(2, 1, model_path, run_dir, "seed_hash", 1), dims)
+    named = [(s.info.name, s.tensor) for s in trainer.shards]
+    check_replicas(named, dims)  # identical replicas pass
+    victim = "model.layers.1.mlp.down_proj.weight"
+    if rank == 1:
+        t = dict(named)[victim]
+        t.view(-1)[17] += 1e-3
+    try:
+        check_replicas(named, dims)
+    except ReplicaDriftError as e:
+        msg = str(e)
+    else:
+        msg = ""
+    torch.save(msg, f"{out_path}.{rank}")
+
+
+def gather_worker(rank: int, world: int, out_path: str) -> None:
+    dims = init_distributed(discover(), 2, 2)
+    stats = CommStats()
+    G = 6
+    local = {m: (math.nan if m == 3 else float(m * 10 + 1)) for m in dims.members(G)}
+    if not dims.is_tp_leader:  # peers' values must be ignored
+        local = {m: -999.0 for m in local}
+    returns = gather_returns(local, G, dims, stats)
+    torch.save((returns.tolist(), stats.total), f"{out_path}.{rank}")

@@ -23,14 +23,28 @@ def tiny_qwen35_config(vocab_size: int = 512, hidden_size: int = 64, num_hidden_
     return Qwen3_5TextConfig(**kw)
 
 
-def build_tiny_qwen35(path: str, seed: int = 0, **config) -> str:
-    """Write a randomly initialised tiny Qwen3.5 text model to ``path`` (idempotent)."""
+def tiny_qwen3_config(vocab_size: int = 512, hidden_size: int = 64, num_hidden_layers: int = 2,
+                      intermediate_size: int = 128, **overrides):
+    from transformers import Qwen3Config
+
+    kw = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=intermediate_size,
+              tie_word_embeddings=False, max_position_embeddings=4096)
+    kw.update(overrides)
+    return Qwen3Config(**kw)
+
+
+def build_tiny_qwen35(path: str, seed: int = 0, arch: str = "qwen3_5", **config) -> str:
+    """Write a randomly initialised tiny Qwen3.5 (or ``arch="qwen3"``) text model to ``path`` (idempotent)."""
     from transformers import AutoModelForCausalLM
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
+    builders = {"qwen3_5": tiny_qwen35_config, "qwen3": tiny_qwen3_config}
+    if arch not in builders:
+        raise ValueError(f"unknown tiny architecture {arch!r}; known: {sorted(builders)}")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_qwen35_config(**config), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(builders[arch](**config), dtype=torch.float32)
     tmp = f"{path}.tmp{os.getpid()}"
     model.save_pretrained(tmp)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -5,7 +5,7 @@ import torch
 
 from esopt_mp.models import build_tiny_qwen35
 from tests.dist import workers
-from tests.dist.harness import run_world
+from esopt_mp.parallel.spawn import run_world
 
 pytestmark = pytest.mark.slow
 LAYOUTS = [(1, 1), (1, 2), (2, 1), (2, 2)]  # (dp, tp)
@@ -75,3 +75,20 @@ def test_gather_returns_from_leaders_only(tmp_path):
         returns, nbytes = torch.load(tmp_path / f"g.{rank}")
         assert returns[:3] == [1.0, 11.0, 21.0] and math.isnan(returns[3]) and returns[4:] == [41.0, 51.0]
         assert nbytes == 2 * 3 * 6 * 2 * 8  # sent + received of a 96-byte slice among 4 ranks
+
+
+def test_qwen3_loads_sharded_with_selection(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_qwen35(str(tmp_path / "qwen3"), seed=1, arch="qwen3")
+    run_world(2, workers.qwen3_tp_worker, path, str(tmp_path / "out.pt"))
+    out = torch.load(tmp_path / "out.pt")
+    ref = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        expected = ref(input_ids=torch.arange(1, 13).view(2, 6)).logits
+    assert (out["logits"] - expected).abs().max() < 1e-5
+    names = {n for n, _, _ in out["shards"]}
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" not in names
+    assert not any("norm" in n for n in names)
+    shard = {n: (o, s) for n, o, s in out["shards"]}["model.layers.1.mlp.down_proj.weight"]
+    assert shard == ((0, 0), (64, 64))  # rank 0 holds the first half of the 128 input columns

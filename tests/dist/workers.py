@@ -75,3 +75,17 @@ def gather_worker(rank: int, world: int, out_path: str) -> None:
         local = {m: -999.0 for m in local}
     returns = gather_returns(local, G, dims, stats)
     torch.save((returns.tolist(), stats.total), f"{out_path}.{rank}")
+
+
+def qwen3_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> None:
+    from esopt_mp.models import build_shards, load_model
+
+    dims = init_distributed(discover(), 1, 2)
+    model = load_model(model_path, dims)
+    shards = build_shards(model, include=["model.layers.*"], exclude=["*norm*"])
+    ids = torch.arange(1, 13).view(2, 6)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    if rank == 0:
+        torch.save({"logits": logits, "shards": [(s.info.name, s.info.offset, s.info.local_shape) for s in shards]},
+                   out_path)

@@ -1,4 +1,4 @@
-"""Spawn a gloo world of N CPU processes running one worker function."""
+"""Run one function in a local world of N spawned CPU processes (gloo): tests and benchmarks."""
 from __future__ import annotations
 
 import os

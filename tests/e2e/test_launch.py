@@ -1,0 +1,67 @@
+"""The entry point under every launcher, as a user runs it (subprocesses)."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from esopt_mp.parallel.spawn import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHORT = ["es.population=4", "es.steps=2", "objective.batch=2"]
+
+
+def _run(cmd, run_dir, env=None, timeout=600):
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.run(cmd + [f"run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=full_env)
+    return proc
+
+
+def _summary(proc):
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def test_plain_python(tmp_path):
+    s = _summary(_run([sys.executable, "launch/train.py", *SHORT], tmp_path / "run"))
+    assert s["steps"] == 2 and s["comm_bytes_per_step"] == 0
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_torchrun_tp2_dp2(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
+           "launch/train.py", "parallel.tp=2", "parallel.dp=2", "parallel.checksum_every=1", *SHORT]
+    s = _summary(_run(cmd, tmp_path / "run"))
+    assert s["steps"] == 2 and 0 < s["comm_bytes_per_step"] < 4096
+
+
+def test_bad_config_fails_before_anything_is_built(tmp_path):
+    proc = _run([sys.executable, "launch/train.py", "parallel.tp=3"], tmp_path / "run")
+    assert proc.returncode != 0
+    assert "parallel.dp * parallel.tp must equal the world size: 1 * 3 = 3 != 1" in proc.stderr
+    assert not (tmp_path / "run" / "base_model").exists()
+    proc = _run([sys.executable, "launch/train.py", "es.sigma.start=0.0"], tmp_path / "run")
+    assert proc.returncode != 0 and "es.sigma.start" in proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (extra [deepspeed])")
+def test_deepspeed_launcher(tmp_path):
+    env = {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": os.path.join(ROOT, ".cache", "torch_extensions")}
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "4", "--master_port", str(free_port()),
+           "launch/train.py", "parallel.launcher=deepspeed", "parallel.tp=2", "parallel.dp=2", *SHORT]
+    s = _summary(_run(cmd, tmp_path / "run", env))
+    assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
+def test_mpirun(tmp_path):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", f"MASTER_PORT={free_port()}",
+           sys.executable, "launch/train.py", "parallel.dp=2", *SHORT]
+    s = _summary(_run(cmd, tmp_path / "run"))
+    assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0

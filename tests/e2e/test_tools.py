@@ -1,0 +1,34 @@
+"""Benchmark scripts stay runnable and print the figures they promise."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _json(script, *args):
+    proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, BENCH_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_bench_noise_quick():
+    r = _json("tools/bench_noise.py", "--quick")
+    assert r["throughput"]["compiled_elems_per_s"] > 0 and r["throughput"]["randn_elems_per_s"] > 0
+    assert set(r["update"]) == {"G8", "G32"}
+    assert set(r["memory"]) >= {"perturb", "restore", "update"}
+    assert r["drift_bf16"]["snapshot"]["max_ulp"] == 0 and r["drift_bf16"]["subtract"]["max_ulp"] > 0
+    assert abs(r["drift_bf16"]["moved_fraction_fp32_host"] - 1) < 0.01
+
+
+def test_bench_comm():
+    r = _json("tools/bench_comm.py")
+    for layout in r["measured_tiny"].values():
+        assert layout["bytes_per_step"] == layout["accounted_es_bytes"]  # the counter matches the accounting
+        assert layout["fp32_allreduce_over_es"] > 100
+    assert r["qwen35_27b"]["params"] > 26e9

@@ -34,3 +34,31 @@ def population(run_seed: int, step: int, size: int, mirrored: bool = False) -> t
         seeds = [member_seed(run_seed, step, m // 2) for m in range(size)]
         return seeds, [1 if m % 2 == 0 else -1 for m in range(size)]
     return [member_seed(run_seed, step, m) for m in range(size)], [1] * size
+
+
+def stream_seed(run_seed: int, stream: str, *path: int) -> int:
+    """Every random stream of a run, derived in one place.
+
+    - ``member`` (step, member): the perturbation seed (see :func:`member_seed`);
+      identical on every rank, TP and DP alike: each TP rank regenerates its own
+      slice of the same eps, each DP group regenerates all seeds for the update.
+    - ``tasks`` (step,): which tasks the step's episodes play; drawn by every TP
+      leader and identical across DP groups, so all members of a step meet the
+      same tasks (common random numbers).
+    - ``episode`` (step, member, episode): the token sampling seed of one
+      episode; shared by the TP ranks of the group that plays it (they sample
+      identical tokens from identical gathered logits), distinct across members
+      and episodes, independent of batch composition.
+    - ``eval`` (round, episode): sampling seeds of held-out evaluation.
+    """
+    tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3}
+    if stream not in tags:
+        raise ValueError(f"unknown random stream {stream!r}; known: {sorted(tags)}")
+    if stream == "member":
+        return member_seed(run_seed, *path)
+    x = splitmix64(int(run_seed) ^ (tags[stream] << 56))
+    for v in path:
+        if not 0 <= int(v) <= M64:
+            raise ValueError(f"stream path values must be in [0, 2**64), got {v}")
+        x = splitmix64(x ^ int(v))
+    return x

@@ -55,3 +55,19 @@ def build_tiny_qwen35(path: str, seed: int = 0, arch: str = "qwen3_5", **config)
 
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def build_tiny_agent_base(path: str, seed: int = 0, **config) -> str:
+    """Tokenizer (local byte-level BPE, ChatML) plus a tiny Qwen3.5 sized to its vocabulary, in one directory."""
+    from esopt_mp.models.tokenizer import build_tokenizer
+
+    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return path
+    tmp = f"{path}.tok{os.getpid()}"
+    tok = build_tokenizer(tmp)
+    build_tiny_qwen35(path, seed=seed, vocab_size=len(tok), **config)
+    tok.save_pretrained(path)
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    return path

@@ -92,3 +92,25 @@ def test_qwen3_loads_sharded_with_selection(tmp_path):
     assert not any("norm" in n for n in names)
     shard = {n: (o, s) for n, o, s in out["shards"]}["model.layers.1.mlp.down_proj.weight"]
     assert shard == ((0, 0), (64, 64))  # rank 0 holds the first half of the 128 input columns
+
+
+def test_sudoku_batch_under_tp2_matches_tp1(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from esopt_mp.agent.loop import AgentConfig, run_episodes
+    from esopt_mp.engine.hf import HFEngine
+    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.envs import make
+    from esopt_mp.envs.sudoku import generate
+    from esopt_mp.models.tiny import build_tiny_agent_base
+
+    path = build_tiny_agent_base(str(tmp_path / "agent"))
+    run_world(2, workers.sudoku_tp_worker, path, str(tmp_path / "ids"))
+    r0, r1 = (torch.load(tmp_path / f"ids.{r}") for r in (0, 1))
+    assert r0["ids"] == r1["ids"] and len(r0["ids"]) == 16
+    assert r0["stats"] == r1["stats"]  # the peer joined every forward pass
+    tasks = generate(16, 4, size=4, seed=5)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path))
+    cfg = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=0, max_new_tokens=8))
+    eps = run_episodes(engine, [make("sudoku", max_turns=4) for _ in tasks], tasks, list(range(16)), cfg)
+    assert [e.token_ids for e in eps] == r0["ids"]

@@ -89,3 +89,25 @@ def qwen3_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> No
     if rank == 0:
         torch.save({"logits": logits, "shards": [(s.info.name, s.info.offset, s.info.local_shape) for s in shards]},
                    out_path)
+
+
+def sudoku_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes
+    from esopt_mp.engine.hf import HFEngine
+    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.envs import make
+    from esopt_mp.envs.sudoku import generate
+    from esopt_mp.models import load_model
+
+    dims = init_distributed(discover(), 1, 2)
+    engine = HFEngine(load_model(model_path, dims), AutoTokenizer.from_pretrained(model_path))
+    cfg = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=0, max_new_tokens=8))
+    if dims.is_tp_leader:
+        tasks = generate(16, 4, size=4, seed=5)
+        eps = run_episodes(engine, [make("sudoku", max_turns=4) for _ in tasks], tasks, list(range(16)), cfg, dims)
+        ids = [e.token_ids for e in eps]
+    else:
+        ids = follow_episodes(engine, cfg, dims)
+    torch.save({"ids": ids, "stats": engine.stats.__dict__}, f"{out_path}.{rank}")

@@ -32,3 +32,10 @@ def test_bench_comm():
         assert layout["bytes_per_step"] == layout["accounted_es_bytes"]  # the counter matches the accounting
         assert layout["fp32_allreduce_over_es"] > 100
     assert r["qwen35_27b"]["params"] > 26e9
+
+
+def test_bench_rollout():
+    r = _json("tools/bench_rollout.py", "--episodes", "8", "--turns", "3")
+    assert r["same_games"] == {"reuse_vs_reencode": True, "engine_vs_generate_loop": True}
+    assert r["engine_reuse"]["prefill_tokens"] < r["engine_reencode"]["prefill_tokens"]
+    assert r["engine_reuse"]["generated_tokens"] == r["generate_loop"]["generated_tokens"]

@@ -1,0 +1,1 @@
+"""Agent runtime: tool-call parsers, the batched multi-turn loop."""

@@ -1,0 +1,177 @@
+"""The batched multi-turn agent loop: one generation batch per turn across all live episodes.
+
+On a tensor-parallel group the TP leader owns tasks and environments; it sends
+each turn's new token ids to its peers (one small object broadcast per turn),
+every rank runs the same sharded forward passes and samples the same tokens
+from the same gathered logits, and a per-turn checksum of the sampled tokens
+proves it (a mismatch raises). Environments never run on peers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from esopt_mp.agent.chat import IM_END, delta_text, opening_text
+from esopt_mp.engine.hf import HFEngine
+from esopt_mp.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    max_turns: int = 45
+    sampling: SamplingParams = SamplingParams()
+    episode_timeout_s: float = 600.0
+
+
+@dataclasses.dataclass
+class Episode:
+    id: str
+    ret: float = 0.0
+    ended: str = ""  # terminated | truncated | turn_budget | failed
+    turns: list = dataclasses.field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+    token_ids: list = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("token_ids")
+        d["return"] = None if math.isnan(self.ret) else self.ret
+        d.pop("ret")
+        return d
+
+
+class TPChannel:
+    """Leader -> peers messages and token checksums over the tp group (no-ops without TP)."""
+
+    def __init__(self, dims=None):
+        self.dims = dims
+        self.on = dims is not None and dims.distributed and dims.tp > 1
+        self.src = dims.rank - dims.tp_rank if self.on else 0
+
+    def send(self, payload):
+        if self.on:
+            dist.broadcast_object_list([payload], src=self.src, group=self.dims.group("tp"))
+
+    def recv(self):
+        box = [None]
+        dist.broadcast_object_list(box, src=self.src, group=self.dims.group("tp"))
+        return box[0]
+
+    def verify(self, gens) -> None:
+        if not self.on:
+            return
+        h = 0
+        for g in gens:
+            for t in g.token_ids:
+                h = (h * 1000003 + t + 1) % (1 << 61)
+        x = torch.tensor([h, -h], dtype=torch.int64)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.dims.group("tp"))
+        if int(x[0]) != -int(x[1]):
+            raise RuntimeError(f"tp ranks sampled different tokens (rank {self.dims.rank}); logits diverged")
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[int], cfg: AgentConfig,
+                 dims=None) -> list[Episode]:
+    """Play one episode per (env, task) concurrently; on TP leaders (or without TP)."""
+    chan = TPChannel(dims)
+    tok = engine.tokenizer
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    episodes = [Episode(str(t.get("id", i))) for i, t in enumerate(tasks)]
+    convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
+    chan.send(("new", list(seeds)))
+    start = [time.perf_counter()] * len(tasks)
+    new_ids, live = {}, []
+    for i, (env, task) in enumerate(zip(envs, tasks)):
+        start[i] = time.perf_counter()
+        try:
+            msgs, _ = env.reset(task)
+        except Exception as e:  # noqa: BLE001 - any env failure marks the episode, never the step
+            _fail(episodes[i], f"reset: {type(e).__name__}: {e}")
+            continue
+        new_ids[i] = _encode(tok, opening_text(msgs))
+        live.append(i)
+    budget = [min(cfg.max_turns, getattr(env, "max_turns", cfg.max_turns)) for env in envs]
+    while live:
+        chan.send(("gen", live, [new_ids[i] for i in live]))
+        gens = engine.generate([convs[i] for i in live], [new_ids[i] for i in live], cfg.sampling)
+        chan.verify(gens)
+        nxt = []
+        for i, g in zip(live, gens):
+            ep = episodes[i]
+            t_env = time.perf_counter()
+            try:
+                msgs, reward, term, trunc, info = envs[i].step(g.text)
+            except Exception as e:  # noqa: BLE001
+                _fail(ep, f"step {len(ep.turns) + 1}: {type(e).__name__}: {e}")
+                continue
+            ep.turns.append({"response": g.text, "response_tokens": len(g.token_ids), "finish": g.finish,
+                             "prefill_tokens": g.prefill_tokens, "gen_s": g.seconds,
+                             "env_s": time.perf_counter() - t_env, "reward": reward, "messages": msgs,
+                             "info": _jsonable(info)})
+            elapsed = time.perf_counter() - start[i]
+            if elapsed > cfg.episode_timeout_s:
+                _fail(ep, f"wall clock {elapsed:.1f} s exceeds {cfg.episode_timeout_s:g} s")
+                continue
+            if term or trunc or len(ep.turns) >= budget[i]:
+                ep.ret = float(reward)
+                ep.ended = "terminated" if term else "truncated" if trunc else "turn_budget"
+                ep.seconds = elapsed
+                continue
+            ended_clean = bool(g.token_ids) and g.token_ids[-1] == im_end
+            new_ids[i] = _encode(tok, delta_text(ended_clean, msgs))
+            nxt.append(i)
+        live = nxt
+    chan.send(("end",))
+    for ep, conv in zip(episodes, convs):
+        ep.token_ids = list(conv.ids)
+    return episodes
+
+
+def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]:
+    """A TP peer's side of :func:`run_episodes`: join every generation until the leader ends."""
+    chan = TPChannel(dims)
+    convs = []
+    while True:
+        msg = chan.recv()
+        if msg[0] == "new":
+            convs = [engine.new_conversation(i, s) for i, s in enumerate(msg[1])]
+        elif msg[0] == "gen":
+            _, live, ids = msg
+            chan.verify(engine.generate([convs[i] for i in live], ids, cfg.sampling))
+        elif msg[0] == "end":
+            return [list(c.ids) for c in convs]
+        else:
+            raise RuntimeError(f"unknown message from the tp leader: {msg[0]!r}")
+
+
+def _fail(ep: Episode, error: str) -> None:
+    ep.ret, ep.ended, ep.error = math.nan, "failed", error
+    log.warning("episode %s failed: %s", ep.id, error)
+
+
+def _jsonable(x):
+    try:
+        json.dumps(x)
+        return x
+    except TypeError:
+        return json.loads(json.dumps(x, default=str))
+
+
+def write_trajectories(path: str, episodes: list[Episode], **extra) -> None:
+    """Append one JSON line per episode (its turns, return, why it ended)."""
+    with open(path, "a") as f:
+        for ep in episodes:
+            f.write(json.dumps({**extra, **ep.to_json()}) + "\n")

@@ -1,0 +1,64 @@
+"""Batched logits processing and per-row sampling with per-episode generators."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    min_p: float = 0.0
+    presence_penalty: float = 1.5
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def process_logits(logits: torch.Tensor, generated: list[list[int]], p: SamplingParams) -> torch.Tensor:
+    """Presence penalty -> temperature -> min_p -> top_k -> top_p (vLLM's order); float32 [B, V]."""
+    logits = logits.float().clone()
+    if p.presence_penalty:
+        for r, toks in enumerate(generated):
+            if toks:
+                logits[r, torch.tensor(sorted(set(toks)), dtype=torch.long, device=logits.device)] -= p.presence_penalty
+    if p.temperature == 0:
+        return logits
+    logits /= p.temperature
+    if p.min_p > 0:
+        probs = logits.softmax(-1)
+        logits[probs < p.min_p * probs.amax(-1, keepdim=True)] = -float("inf")
+    if 0 < p.top_k < logits.shape[-1]:
+        kth = logits.topk(p.top_k, dim=-1).values[:, -1:]
+        logits[logits < kth] = -float("inf")
+    if p.top_p < 1:
+        sorted_logits, idx = logits.sort(-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > p.top_p  # keep the token that crosses top_p
+        sorted_logits[drop] = -float("inf")
+        logits = torch.full_like(logits, -float("inf")).scatter(-1, idx, sorted_logits)
+    return logits
+
+
+def sample(logits: torch.Tensor, generated: list[list[int]], p: SamplingParams,
+           generators: list[torch.Generator]) -> list[int]:
+    """One token per row; greedy at temperature 0, else from the row's own generator."""
+    x = process_logits(logits, generated, p)
+    if p.temperature == 0:
+        return x.argmax(-1).tolist()
+    probs = x.softmax(-1).cpu()
+    return [int(torch.multinomial(probs[r], 1, generator=g)) for r, g in enumerate(generators)]

@@ -1,0 +1,127 @@
+"""ReAct math with a sandboxed ``python`` tool; answers checked symbolically (math-verify).
+
+The agent reasons, may call ``python`` (Qwen3.5 XML or Hermes JSON tool calls)
+whose code runs in :class:`~esopt_mp.envs.sandbox.Sandbox`, and ends with
+``\\boxed{answer}`` (or a last line ``Answer: ...``). Reward 1 for a correct
+final answer, else 0. Tasks: a procedural generator (nothing to download) and
+JSONL ``{id, question, answer}`` files such as the paper's DAPO / AIME 2026 splits.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from esopt_mp.agent.parsers import build_parser
+from esopt_mp.envs.base import register
+from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
+
+SYSTEM = ("Solve the problem. You may run Python with the `python` tool: "
+          "<tool_call>\n<function=python>\n<parameter=code>\n...\n</parameter>\n</function>\n</tool_call>. "
+          "Give the final answer as \\boxed{...}.")
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}")
+_ANSWER_LINE = re.compile(r"^\s*Answer:\s*(.+?)\s*$", re.MULTILINE)
+
+
+def extract_answer(text: str) -> str | None:
+    """The last ``\\boxed{...}``, else the last ``Answer: ...`` line."""
+    boxed = _BOXED.findall(text)
+    if boxed:
+        return boxed[-1].strip()
+    lines = _ANSWER_LINE.findall(text)
+    return lines[-1].strip().strip("$") if lines else None
+
+
+def answers_match(given: str, reference: str) -> bool:
+    """Symbolic equivalence via math-verify (LaTeX and plain expressions), exact string as fallback."""
+    try:
+        from math_verify import parse, verify
+    except ImportError as e:  # pragma: no cover - dependency of the [math] extra
+        raise ImportError("math_react needs math-verify: pip install 'esopt_mp[math]'") from e
+    if given.strip() == reference.strip():
+        return True
+    wrap = lambda s: s if "$" in s or "\\boxed" in s else f"${s}$"  # noqa: E731
+    try:
+        return bool(verify(parse(wrap(reference)), parse(wrap(given))))
+    except Exception:
+        return False
+
+
+def generate(n: int, seed: int = 0) -> list[dict]:
+    """Procedural arithmetic and word problems with integer answers."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        kind = rng.randrange(4)
+        a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 20)
+        if kind == 0:
+            q, ans = f"What is {a} * {b} - {c}?", a * b - c
+        elif kind == 1:
+            q, ans = f"What is the sum of the integers from {c} to {c + a}?", sum(range(c, c + a + 1))
+        elif kind == 2:
+            q = f"A box holds {c} apples. How many apples are in {a} boxes plus {b} loose apples?"
+            ans = a * c + b
+        else:
+            q, ans = f"What is the remainder when {a ** 3 + b} is divided by {c}?", (a ** 3 + b) % c
+        rows.append({"id": f"arith-s{seed}-{i:05d}", "question": q, "answer": str(ans)})
+    return rows
+
+
+def load_jsonl(path: str) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if line.strip():
+                row = json.loads(line)
+                for key in ("question", "answer"):
+                    if key not in row:
+                        raise ValueError(f"{path}: row {row.get('id', i)} lacks {key!r}")
+                row["answer"] = str(row["answer"])
+                row.setdefault("id", f"{path}:{i}")
+                rows.append(row)
+    return rows
+
+
+@register("math_react")
+class MathReactEnv:
+    name = "math_react"
+
+    def __init__(self, max_turns: int = 50, parser: str = "any", sandbox: Sandbox | None = None,
+                 limits: SandboxLimits | None = None):
+        self.max_turns = max_turns
+        self.parser = build_parser(parser)
+        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(wall_s=10, output_bytes=8192))
+        self.task = None
+
+    def reset(self, task: dict):
+        self.task, self.turn = task, 0
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}], {
+            "id": task.get("id"), "sandbox": self.sandbox.level}
+
+    def step(self, assistant_text: str):
+        if self.task is None:
+            raise RuntimeError("step() before reset()")
+        self.turn += 1
+        calls = self.parser.parse(assistant_text)
+        info = {"tool_calls": [c.__dict__ for c in calls], "tool_results": []}
+        if calls:
+            msgs = []
+            for call in calls:
+                if call.error:
+                    out = call.error
+                elif call.name != "python" or "code" not in call.arguments:
+                    out = f"unknown tool {call.name!r} or missing 'code' parameter; the only tool is python(code)"
+                else:
+                    res = self.sandbox.run_python(call.arguments["code"])
+                    out = res.stdout + (f"\n[error] {res.error}" if res.error else "")
+                    info["tool_results"].append({"ok": res.ok, "error": res.error, "seconds": res.seconds})
+                msgs.append({"role": "tool", "content": out[-4000:]})
+            return msgs, 0.0, False, self.turn >= self.max_turns, info
+        answer = extract_answer(assistant_text)
+        if answer is not None:
+            correct = answers_match(answer, self.task["answer"])
+            info.update(answer=answer, correct=correct)
+            return [], float(correct), True, False, info
+        info["feedback"] = "no tool call and no final answer"
+        msg = {"role": "user", "content": "Call the python tool or give the final answer as \\boxed{...}."}
+        return [msg], 0.0, False, self.turn >= self.max_turns, info

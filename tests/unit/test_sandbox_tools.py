@@ -1,0 +1,124 @@
+"""The sandbox survives hostile code; tool-call parsers; math_react and bin packing environments."""
+import os
+import time
+
+import pytest
+
+from esopt_mp.agent.parsers import AnyParser, HermesJSONParser, QwenXMLParser, build_parser
+from esopt_mp.envs import make
+from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return Sandbox(SandboxLimits(wall_s=3, cpu_s=3, memory_mb=256, nproc=16, fsize_mb=4, output_bytes=4096))
+
+
+def test_plain_code_runs(sandbox):
+    r = sandbox.run_python("import numpy as np\nprint(int(np.arange(5).sum()))")
+    assert r.ok and r.stdout.strip() == "10"
+
+
+HOSTILE = {
+    "infinite loop": ("while True:\n    pass", ("timeout", "cpu limit")),
+    "fork bomb": ("import os\nwhile True:\n    os.fork()", ("Resource temporarily unavailable", "timeout", "BlockingIOError")),
+    "memory bomb": ("x = bytearray(10 ** 10)", ("MemoryError",)),
+    "10 GB file": ("with open('big', 'wb') as f:\n    for _ in range(10240):\n        f.write(b'0' * (1 << 20))",
+                   ("File too large", "EFBIG")),
+    "print 100 MB": ("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))", ("output exceeded",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_code_is_contained(sandbox, name):
+    code, expected = HOSTILE[name]
+    t = time.monotonic()
+    r = sandbox.run_python(code)
+    assert not r.ok and any(e in r.error for e in expected), r.error
+    assert time.monotonic() - t < 15
+    assert len(r.stdout) <= 4096
+    assert sandbox.run_python("print('still fine')").stdout == "still fine\n"  # and the sandbox still works
+
+
+def test_network_and_filesystem(sandbox, tmp_path):
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    try:
+        r = sandbox.run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')")
+    finally:
+        srv.close()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    read = sandbox.run_python(f"print(open({str(outside)!r}).read())")
+    write = sandbox.run_python(f"open({str(tmp_path / 'new.txt')!r}, 'w').write('x')")
+    scratch = sandbox.run_python("open('mine.txt', 'w').write('ok'); print(open('mine.txt').read())")
+    assert scratch.ok and scratch.stdout == "ok\n"
+    assert not (tmp_path / "new.txt").exists()
+    if sandbox.level in ("bwrap", "unshare"):
+        assert not r.ok and "connected" not in r.stdout
+    if sandbox.level == "bwrap":
+        assert not read.ok and "secret" not in read.stdout
+        assert not write.ok
+
+
+def test_bad_level():
+    with pytest.raises(ValueError, match="sandbox level"):
+        Sandbox(level="docker")
+
+
+def test_parsers():
+    xml = "think\n<tool_call>\n<function=python>\n<parameter=code>\nprint(1)\n</parameter>\n</function>\n</tool_call>"
+    hermes = '<tool_call>{"name": "python", "arguments": {"code": "print(2)"}}</tool_call>'
+    assert QwenXMLParser().parse(xml)[0].arguments == {"code": "print(1)"}
+    assert HermesJSONParser().parse(hermes)[0].arguments == {"code": "print(2)"}
+    assert AnyParser().parse(hermes)[0].name == "python" and AnyParser().parse(xml)[0].name == "python"
+    assert HermesJSONParser().parse("<tool_call>{broken</tool_call>")[0].error
+    assert AnyParser().parse("no tools here") == []
+    with pytest.raises(ValueError, match="parser"):
+        build_parser("yaml")
+
+
+def test_math_react_episode(sandbox):
+    from esopt_mp.envs.math_react import answers_match, extract_answer, generate
+
+    env = make("math_react", max_turns=3, sandbox=sandbox)
+    task = {"id": "t", "question": "What is 6 * 7?", "answer": "42"}
+    env.reset(task)
+    call = "<tool_call>\n<function=python>\n<parameter=code>\nprint(6 * 7)\n</parameter>\n</function>\n</tool_call>"
+    msgs, reward, term, trunc, info = env.step(call)
+    assert msgs[0]["role"] == "tool" and "42" in msgs[0]["content"] and not term
+    msgs, reward, term, trunc, info = env.step("<tool_call>\n<function=python>\n<parameter=code>\nwhile True: pass\n</parameter>\n</function>\n</tool_call>")
+    assert "timeout" in msgs[0]["content"] and not term
+    msgs, reward, term, trunc, info = env.step("The answer is \\boxed{42}")
+    assert reward == 1.0 and term
+    env.reset(task)
+    assert env.step("\\boxed{41}")[1] == 0.0
+    assert extract_answer("so\nAnswer: 3/4") == "3/4" and answers_match("\\frac{3}{4}", "0.75")
+    assert len(generate(10, seed=1)) == 10 and generate(3, seed=1) == generate(3, seed=1)
+
+
+def test_math_loader_reads_paper_splits():
+    from esopt_mp.envs.math_react import load_jsonl
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "math", "aime_2026.jsonl")
+    if not os.path.exists(path):
+        pytest.skip("shared/data not present")
+    rows = load_jsonl(path)
+    assert len(rows) == 30 and all(r["question"] and r["answer"] for r in rows)
+
+
+def test_bin_packing_evaluator(sandbox):
+    env = make("heuristic", max_turns=2, sandbox=Sandbox(SandboxLimits(wall_s=20, cpu_s=20)))
+    env.reset({"id": "b", "seed": 3, "n_instances": 2, "n_items": 200})
+    best_fit = "```python\ndef score(item, bins):\n    return -(bins - item)\n```"
+    msgs, reward, term, trunc, info = env.step(best_fit)
+    assert info["error"] is None and 0 <= info["gap"] < 0.2 and "Gap" in msgs[0]["content"]
+    msgs, reward, term, trunc, info = env.step("```python\ndef score(item, bins):\n    return bins[:1]\n```")
+    assert "shape" in info["error"] and term and reward == -info["best_gap"]
+    env.reset({"id": "b", "seed": 3, "n_instances": 2, "n_items": 200})
+    msgs, reward, term, trunc, info = env.step("no code at all")
+    assert info["error"] == "no code found"

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import typing
 from typing import Any
 
@@ -117,6 +118,61 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
+class EngineConfig:
+    name: str = "hf"
+    prefix_reuse: bool = True
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    min_p: float = 0.0
+    presence_penalty: float = 1.5
+    max_new_tokens: int = 64
+
+    def validate(self, key: str = "engine") -> None:
+        _check(self.name == "hf", f"{key}.name", f"only the 'hf' engine is built, got {self.name!r}")
+        from esopt_mp.engine.sampling import SamplingParams
+
+        try:
+            self.sampling()
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}") from None
+
+    def sampling(self, temperature: float | None = None):
+        from esopt_mp.engine.sampling import SamplingParams
+
+        return SamplingParams(self.temperature if temperature is None else temperature, self.top_p, self.top_k,
+                              self.min_p, self.presence_penalty, self.max_new_tokens)
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    name: str = "sudoku"
+    max_turns: int = 45
+    size: int = 4  # sudoku board size (4 or 9)
+    mask_count: int = 4  # sudoku H*
+    train_path: str | None = None  # JSONL tasks; None generates them
+    eval_path: str | None = None
+    n_train: int = 64
+    n_eval: int = 32
+    episodes_per_step: int = 8
+    eval_repeats: int = 1
+    eval_temperature: float = 0.0
+    task_seed: int = 0
+
+    def validate(self, key: str = "env") -> None:
+        from esopt_mp.envs import registered
+
+        _check(self.name in registered(), f"{key}.name", f"unknown environment {self.name!r}; known: {registered()}")
+        for k in ("max_turns", "n_train", "n_eval", "episodes_per_step", "eval_repeats"):
+            _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
+        _check(self.episodes_per_step <= self.n_train, f"{key}.episodes_per_step",
+               f"{self.episodes_per_step} exceeds the {self.n_train} training tasks")
+        for k in ("train_path", "eval_path"):
+            p = getattr(self, k)
+            _check(p is None or os.path.exists(p), f"{key}.{k}", f"no such file: {p}")
+
+
+@dataclasses.dataclass
 class ObjectiveConfig:
     name: str = "target_logprob"
     batch: int = 8
@@ -136,6 +192,10 @@ class ObjectiveConfig:
 class RunConfig:
     dir: str = "runs/default"
     log_every: int = 1
+    eval_every: int = 0  # 0: before and after training only
+    checkpoint_every: int = 10
+    export: bool = False  # write run.dir/export (a plain HF directory) at the end
+    trajectories: bool = True  # agent objective: write run.dir/trajectories.jsonl (rank 0 group)
 
 
 @dataclasses.dataclass
@@ -145,6 +205,8 @@ class TrainConfig:
     es: ESConfig = dataclasses.field(default_factory=ESConfig)
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
 
     def validate(self, world_size: int | None = None) -> "TrainConfig":
         for f in dataclasses.fields(self):

@@ -32,3 +32,43 @@ class MetricsWriter:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def plot_run(metrics_path: str, out_png: str) -> str | None:
+    """Train return, held-out score, sigma and time per step from ``metrics.jsonl`` into one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, evals = [], []
+    with open(metrics_path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "return_mean" in r:
+                steps.append(r)
+            elif "eval" in r:
+                evals.append(r)
+    if not steps:
+        return None
+    fig, ax = plt.subplots(2, 2, figsize=(10, 6.5))
+    x = [r["step"] for r in steps]
+    ax[0, 0].plot(x, [r["return_mean"] for r in steps], label="mean")
+    ax[0, 0].plot(x, [r["return_max"] for r in steps], label="max", alpha=0.6)
+    ax[0, 0].set_title("train return over the population")
+    ax[0, 0].legend()
+    ax[0, 1].plot([r["eval_step"] for r in evals], [r["eval"] for r in evals], "o-")
+    ax[0, 1].set_title("held-out score (sigma = 0)")
+    ax[1, 0].plot(x, [r["sigma"] for r in steps])
+    ax[1, 0].set_title("sigma")
+    ax[1, 1].plot(x, [r["step_s"] for r in steps], label="step")
+    ax[1, 1].plot(x, [r["rollout_s"] for r in steps], label="rollouts")
+    ax[1, 1].set_title("seconds per step")
+    ax[1, 1].legend()
+    for a in ax.flat:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+    return out_png

@@ -62,7 +62,7 @@ class TargetLogProb:
         return self.score(model, self.train_ids if member is not None else self.eval_ids)
 
 
-OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash}
+OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None}
 
 
 def build_objective(cfg, vocab_size: int):

@@ -1,24 +1,30 @@
-"""ESTrainer: build, step, evaluate, close.
+"""ESTrainer: build, step, evaluate, checkpoint, close.
 
 One ES step as data flow (ARCHITECTURE.md s.3): member seeds from (run seed,
 step) on every rank; each dp group perturbs, evaluates and restores its own
 members (m % dp == dp_rank), TP peers joining the sharded forward passes; one
-all-gather of the G returns; every rank shapes them and updates its own shard.
+all-gather of the G returns; every rank shapes them and updates its own shard;
+rank 0 appends the step to the ledger. A restarted run loads the newest
+complete checkpoint, replays the ledger tail and continues exactly where the
+ledger ends.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import signal
 import time
 
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from esopt_mp.checkpoint import Ledger, export_hf, latest_checkpoint, load_checkpoint_, replay_, save_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
-from esopt_mp.metrics import MetricsWriter
+from esopt_mp.metrics import MetricsWriter, plot_run
 from esopt_mp.models import build_shards, build_tiny_qwen35, load_model
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
@@ -36,31 +42,70 @@ class ESTrainer:
         self.comm = CommStats()
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
-        self.model = load_model(self._model_path(), dims, cfg.model.dtype)
+        path = self._model_path()
+        self.model = load_model(path, dims, cfg.model.dtype)
+        self.tokenizer = None
         self.shards = build_shards(self.model, cfg.es.include, cfg.es.exclude)
         es = cfg.es
         self.perturber = Perturber(self.shards, restore=es.restore, master=es.master, chunk_elems=es.chunk_elems,
                                    noise_backend=es.noise_backend)
-        self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
+        if cfg.objective.name == "agent":
+            from transformers import AutoTokenizer
+
+            from esopt_mp.agent.objective import AgentObjective
+
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
+            self.objective = AgentObjective(cfg.env, cfg.engine, es.seed, self.model, self.tokenizer, dims, traj)
+        else:
+            self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
-        log.info("ES on %d local parameters in %d tensors (%s restore, master %s)", self.perturber.numel,
-                 len(self.shards), es.restore, es.master)
+        self.ledger = Ledger(cfg.run.dir, cfg.hash(), dims.rank)
+        self.start_step = self._resume()
+        if dims.rank == 0:
+            with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
+                json.dump(dict(cfg.to_dict(), base_model=path, config_hash=cfg.hash()), f, indent=1)
+        self._stop_requested = False
+        log.info("ES on %d local parameters in %d tensors (%s restore, master %s), starting at step %d",
+                 self.perturber.numel, len(self.shards), es.restore, es.master, self.start_step)
 
+    # ------------------------------------------------------------------ build
     def _model_path(self) -> str:
         if self.cfg.model.path:
             return self.cfg.model.path
         path = os.path.join(self.cfg.run.dir, "base_model")
         if self.dims.rank == 0:
             t = self.cfg.model.tiny
-            build_tiny_qwen35(path, seed=t.seed, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                              num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
+            if self.cfg.objective.name == "agent":
+                from esopt_mp.models.tiny import build_tiny_agent_base
+
+                build_tiny_agent_base(path, seed=t.seed, hidden_size=t.hidden_size,
+                                      num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
+            else:
+                build_tiny_qwen35(path, seed=t.seed, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+                                  num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
         if self.dims.distributed:
             dist.barrier()
         return path
 
+    def _resume(self) -> int:
+        entries = self.ledger.read()  # raises if run.dir holds another config's ledger
+        if not entries:
+            return 0
+        self.ledger.truncate_to(len(entries))
+        ckpt = latest_checkpoint(self.cfg.run.dir, len(entries))
+        done = 0
+        if ckpt is not None:
+            done, path = ckpt
+            load_checkpoint_(path, self.perturber, self.dims)
+        replay_(self.perturber, entries[done:])
+        log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)
+        return len(entries)
+
+    # ------------------------------------------------------------------ run
     def evaluate(self) -> float:
-        """Held-out return with the unperturbed weights (sigma = 0)."""
+        """Held-out return with the unperturbed weights (sigma = 0); meaningful on rank 0."""
         return self.objective.evaluate(self.model, None)
 
     def step(self, t: int) -> dict:
@@ -69,11 +114,14 @@ class ESTrainer:
         seeds, signs = population(es.seed, t, es.population, es.mirrored)
         sigma, alpha = self.sigma(t), self.alpha(t)
         local = {}
-        for m in dims.members(es.population):
+        for m in tqdm(dims.members(es.population), desc=f"step {t} members", leave=False,
+                      disable=dims.rank != 0 or es.population < 4):
             self.perturber.perturb(seeds[m], sigma, signs[m])
             try:
                 local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m]))
             except Exception:
+                if dims.tp > 1:
+                    raise  # a peer may be waiting inside a collective: fail loudly rather than hang
                 log.exception("member %d of step %d failed; its return counts as NaN", m, t)
                 local[m] = math.nan
             finally:
@@ -84,31 +132,62 @@ class ESTrainer:
         self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
         if self.cfg.parallel.checksum_every and (t + 1) % self.cfg.parallel.checksum_every == 0:
             check_replicas([(s.info.name, s.tensor) for s in self.shards], dims, self.comm)
-        finite = returns[~(returns != returns)]
-        return {
-            "step": t, "sigma": sigma, "alpha": alpha,
-            "return_mean": float(finite.mean()) if finite.size else math.nan,
-            "return_max": float(finite.max()) if finite.size else math.nan,
-            "failed": int((returns != returns).sum()),
-            "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
-            "comm_bytes_total": self.comm.total, "returns": [float(r) for r in returns],
+        ok = [float(r) for r in returns if not math.isnan(r)]
+        record = {
+            "step": t, "seeds": seeds, "signs": signs, "returns": [None if math.isnan(r) else float(r) for r in returns],
+            "weights": [float(w) for w in weights], "sigma": sigma, "alpha": alpha, "weight_decay": es.weight_decay,
+            "wall_time": time.time(),
         }
+        self.ledger.append(record)
+        return {"step": t, "sigma": sigma, "alpha": alpha,
+                "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
+                "failed": es.population - len(ok), "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
+                "comm_bytes_total": self.comm.total}
+
+    def _on_signal(self, signum, frame):
+        log.warning("signal %d: finishing the current step, then checkpoint and exit", signum)
+        self._stop_requested = True
 
     def train(self) -> dict:
-        cfg = self.cfg
+        cfg, dims = self.cfg, self.dims
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        t_start = time.perf_counter()
         before = self.evaluate()
-        log.info("held-out score before ES: %.4f", before)
-        bar = tqdm(range(cfg.es.steps), desc="ES steps", disable=self.dims.rank != 0, dynamic_ncols=True)
-        last = {}
+        self.metrics.write({"eval_step": self.start_step, "eval": before})
+        log.info("held-out score at step %d: %.4f", self.start_step, before)
+        bar = tqdm(range(self.start_step, cfg.es.steps), desc="ES steps", disable=dims.rank != 0, dynamic_ncols=True,
+                   initial=self.start_step, total=cfg.es.steps)
         for t in bar:
-            last = self.step(t)
-            bar.set_postfix(ret=f"{last['return_mean']:.4f}", sigma=f"{last['sigma']:.1e}")
+            rec = self.step(t)
+            bar.set_postfix(ret=f"{rec['return_mean']:.4f}", sigma=f"{rec['sigma']:.1e}")
             if t % cfg.run.log_every == 0 or t == cfg.es.steps - 1:
-                self.metrics.write(last)
+                self.metrics.write(rec)
+            if cfg.run.eval_every and (t + 1) % cfg.run.eval_every == 0 and t + 1 < cfg.es.steps:
+                self.metrics.write({"eval_step": t + 1, "eval": self.evaluate()})
+            last = t + 1 == cfg.es.steps
+            if self._stop_requested or last or (cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0):
+                save_checkpoint(cfg.run.dir, t + 1, self.perturber, dims)
+            if self._stop_requested and not last:
+                log.warning("stopped after step %d on request; rerun the same command to resume", t)
+                return {"stopped_at": t + 1}
         after = self.evaluate()
-        summary = {"eval_before": before, "eval_after": after, "steps": cfg.es.steps,
-                   "comm_bytes_per_step": self.comm.total / max(1, cfg.es.steps), "params_local": self.perturber.numel}
+        self.metrics.write({"eval_step": cfg.es.steps, "eval": after})
+        summary = {"eval_before": before, "eval_after": after, "steps": cfg.es.steps, "resumed_from": self.start_step,
+                   "seconds": time.perf_counter() - t_start,
+                   "comm_bytes_per_step": self.comm.total / max(1, cfg.es.steps - self.start_step),
+                   "params_local": self.perturber.numel}
+        if torch.cuda.is_available():
+            summary["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+        else:
+            import resource
+
+            summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if cfg.run.export:
+            export_hf(self.model, self.tokenizer, os.path.join(cfg.run.dir, "export"), dims)
         self.metrics.write({"summary": summary})
+        if dims.rank == 0:
+            plot_run(self.metrics.path, os.path.join(cfg.run.dir, "training.png"))
         log.info("held-out score: %.4f -> %.4f over %d steps", before, after, cfg.es.steps)
         return summary
 

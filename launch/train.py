@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on SIGUSR1/SIGTERM after a checkpoint
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hydra  # noqa: E402
@@ -45,15 +46,20 @@ def main(hcfg: DictConfig) -> None:
     dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
                             use_deepspeed=cfg.parallel.launcher == "deepspeed")
     trainer = None
+    stopped = False
     try:
         trainer = ESTrainer(cfg, dims)
         summary = trainer.train()
         if launch.rank == 0:
             print(json.dumps(summary))
+        if "stopped_at" in summary:
+            stopped = True
     finally:
         if trainer is not None:
             trainer.close()
         close_distributed()
+    if stopped:
+        sys.exit(STOPPED_EXIT)  # requeue me: the slurm scripts resubmit on this code
 
 
 if __name__ == "__main__":

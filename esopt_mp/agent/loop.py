@@ -93,7 +93,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
     chan.send(("new", list(seeds)))
     start = [time.perf_counter()] * len(tasks)
-    new_ids, live = {}, []
+    new_ids, prompts, live = {}, {}, []
     for i, (env, task) in enumerate(zip(envs, tasks)):
         start[i] = time.perf_counter()
         try:
@@ -101,7 +101,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
         except Exception as e:  # noqa: BLE001 - any env failure marks the episode, never the step
             _fail(episodes[i], f"reset: {type(e).__name__}: {e}")
             continue
-        new_ids[i] = _encode(tok, opening_text(msgs))
+        prompts[i] = opening_text(msgs)
+        new_ids[i] = _encode(tok, prompts[i])
         live.append(i)
     budget = [min(cfg.max_turns, getattr(env, "max_turns", cfg.max_turns)) for env in envs]
     while live:
@@ -117,7 +118,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
             except Exception as e:  # noqa: BLE001
                 _fail(ep, f"step {len(ep.turns) + 1}: {type(e).__name__}: {e}")
                 continue
-            ep.turns.append({"response": g.text, "response_tokens": len(g.token_ids), "finish": g.finish,
+            ep.turns.append({"prompt": prompts[i], "prompt_tokens": len(new_ids[i]), "response": g.text, "response_tokens": len(g.token_ids), "finish": g.finish,
                              "prefill_tokens": g.prefill_tokens, "gen_s": g.seconds,
                              "env_s": time.perf_counter() - t_env, "reward": reward, "messages": msgs,
                              "info": _jsonable(info)})
@@ -131,7 +132,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
                 ep.seconds = elapsed
                 continue
             ended_clean = bool(g.token_ids) and g.token_ids[-1] == im_end
-            new_ids[i] = _encode(tok, delta_text(ended_clean, msgs))
+            prompts[i] = delta_text(ended_clean, msgs)
+            new_ids[i] = _encode(tok, prompts[i])
             nxt.append(i)
         live = nxt
     chan.send(("end",))

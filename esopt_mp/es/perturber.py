@@ -132,6 +132,25 @@ class Perturber:
             for a in range(0, dst.numel(), self.chunk_elems):
                 dst[a : a + self.chunk_elems].copy_(src[a : a + self.chunk_elems], non_blocking=False)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What defines the weights: the fp32 masters if kept, else the local tensors."""
+        if self._active is not None:
+            raise RuntimeError("state_tensors() while perturbed; restore() first")
+        return self._master if self._master is not None else [s.tensor for s in self.shards]
+
+    def load_state_(self, states: list[torch.Tensor]) -> None:
+        """Inverse of :meth:`state_tensors` (shapes must match)."""
+        if self._active is not None:
+            raise RuntimeError("load_state_() while perturbed; restore() first")
+        targets = self._master if self._master is not None else [s.tensor for s in self.shards]
+        for shard, dst, src in zip(self.shards, targets, states):
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ValueError(f"{shard.info.name}: state of shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+            dst.copy_(src)
+        if self._master is not None:
+            self._copy_back_(self._master)
+        self._snapshot = None
+
     # ------------------------------------------------------------------ ops
     def perturb(self, seed: int, sigma: float, sign: int = 1) -> None:
         """theta += sign * sigma * eps(seed) on every local shard."""

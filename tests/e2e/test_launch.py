@@ -31,7 +31,11 @@ def _summary(proc):
 def test_plain_python(tmp_path):
     s = _summary(_run([sys.executable, "launch/train.py", *SHORT], tmp_path / "run"))
     assert s["steps"] == 2 and s["comm_bytes_per_step"] == 0
-    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 3
+    rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "return_mean" in r] == [0, 1]
+    assert sum("eval" in r for r in rows) == 2 and "summary" in rows[-1]
+    assert len((tmp_path / "run" / "history.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "run" / "training.png").stat().st_size > 10_000
 
 
 def test_torchrun_tp2_dp2(tmp_path):

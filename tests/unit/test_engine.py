@@ -92,3 +92,4 @@ def test_failed_episode_is_nan_and_the_rest_go_on(agent, tmp_path):
 
     rows = [json.loads(l) for l in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert rows[1]["return"] is None and rows[0]["turns"][0]["response_tokens"] >= 1 and rows[0]["member"] == 1
+    assert "Current board" in rows[0]["turns"][0]["prompt"] and "<|im_start|>user" in rows[0]["turns"][1]["prompt"]

@@ -1,0 +1,24 @@
+#!/bin/bash
+# ES on Qwen3.5-4B Sudoku (the paper's H*=5 profile), one node, 4 GPUs: dp=4 x tp=1.
+#SBATCH --job-name=esopt-sudoku-4b
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=8
+#SBATCH --time=12:00:00
+#SBATCH --signal=USR1@180          # 3 min before the limit: finish the step, checkpoint, exit 75
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}         # shared storage: checkpoints + ledger survive requeue
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
+export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
+set +e
+srun --kill-on-bad-exit=1 python launch/train.py +experiment=sudoku_4b \
+  parallel.dp=$SLURM_NTASKS parallel.tp=1 env.mask_count=${HSTAR:-5} "$@"
+rc=$?
+set -e
+if [ $rc -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi   # resumes from run.dir on restart
+exit $rc

@@ -1,0 +1,26 @@
+#!/bin/bash
+# ES on Qwen3.5-27B WebArena-Lite, 4xH100 per node: tp=4 inside a node, dp = number of nodes.
+#SBATCH --job-name=esopt-webarena-27b
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=16
+#SBATCH --time=48:00:00
+#SBATCH --signal=USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
+export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
+# WA_SHOPPING, WA_SHOPPING_ADMIN, WA_REDDIT, WA_GITLAB, WA_MAP, WA_WIKIPEDIA, WA_HOMEPAGE: the WebArena sites
+: "${WA_SHOPPING:?export the WebArena site URLs (WA_*) before sbatch}"
+set +e
+srun --kill-on-bad-exit=1 python launch/train.py +experiment=webarena_27b \
+  parallel.tp=4 parallel.dp=$SLURM_NNODES "$@"
+rc=$?
+set -e
+if [ $rc -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi
+exit $rc

@@ -1,0 +1,100 @@
+"""Exact resume after SIGKILL, replay from the ledger, HF export, config errors before any rollout."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from esopt_mp.parallel.spawn import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARGS = ["es.population=4", "es.steps=6", "objective.batch=2", "run.checkpoint_every=2", "run.export=true"]
+
+
+def _cmd(world: int, run_dir, extra=()):
+    base = [sys.executable, "launch/train.py"]
+    if world > 1:
+        base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port",
+                str(free_port()), "launch/train.py", f"parallel.dp={world}"]
+    return base + ARGS + [f"run.dir={run_dir}", *extra]
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def _run(cmd):
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def _ledger(run_dir):
+    with open(os.path.join(run_dir, "history.jsonl")) as f:
+        return [{k: v for k, v in json.loads(l).items() if k != "wall_time"} for l in f]
+
+
+def _weights(d):
+    return load_file(os.path.join(d, "model.safetensors"))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, world):
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    _run(_cmd(world, ref))
+    proc = subprocess.Popen(_cmd(world, killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_env(), start_new_session=True)
+    ledger = killed / "history.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not ledger.exists() or len(ledger.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-step: between ledger entries 3 and 4
+    proc.wait()
+    assert not (killed / "export").exists()
+    _run(_cmd(world, killed))
+    assert _ledger(killed) == _ledger(ref)
+    a, b = _weights(ref / "export"), _weights(killed / "export")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_replay_reproduces_export_and_export_loads(tmp_path):
+    run = tmp_path / "run"
+    _run(_cmd(1, run))
+    out = subprocess.run([sys.executable, "tools/replay.py", "--run-dir", str(run), "--out", str(tmp_path / "rep")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    a, b = _weights(run / "export"), _weights(tmp_path / "rep")
+    base = _weights(run / "base_model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], base[k]) for k in a)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run / "export")
+    gen = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
+    assert gen.shape == (1, 7)
+    ex = subprocess.run([sys.executable, "tools/export_hf.py", "--run-dir", str(run), "--out", str(tmp_path / "ex")],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ex.returncode == 0, ex.stderr[-2000:]
+    c = _weights(tmp_path / "ex")
+    assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_bad_configs_fail_before_any_rollout(tmp_path):
+    run = tmp_path / "run"
+    _run(_cmd(1, run, ["es.steps=1"]))
+    cases = [
+        (_cmd(1, run, ["es.steps=1", "es.seed=99"]), "different configuration"),
+        (_cmd(1, tmp_path / "b", ["objective.name=agent", "env.name=chess"]), "env.name: unknown environment"),
+        (_cmd(1, tmp_path / "c", ["parallel.dp=2", "es.population=4"]), "2 * 1 = 2 != 1"),
+        (_cmd(1, tmp_path / "d", ["es.sigma.start=0.0"]), "a training schedule needs sigma > 0"),
+    ]
+    for cmd, msg in cases:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
+        assert p.returncode != 0 and msg in p.stderr, (msg, p.stderr[-1500:])
+    assert not (tmp_path / "b" / "base_model").exists()

@@ -1,0 +1,63 @@
+"""Rebuild a run's weights from the base model and the ledger alone; write a plain HF directory.
+
+    python tools/replay.py --run-dir runs/default --out runs/default/replayed
+
+No rollout is run: each ledger entry's update (seeds, signs, shaped weights,
+alpha) is re-applied on one process. Noise is layout-invariant, so a run
+trained at any dp x tp replays here bit-exactly (fp32).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = None,
+           use_checkpoint: bool = False) -> str:
+    """Base + ledger -> HF directory; ``use_checkpoint`` starts from the newest tp=1 checkpoint instead."""
+    from transformers import AutoTokenizer
+
+    from esopt_mp.checkpoint import Ledger, export_hf, latest_checkpoint, load_checkpoint_, replay_
+    from esopt_mp.es import Perturber
+    from esopt_mp.models import build_shards, load_model
+    from esopt_mp.parallel import ParallelDims
+
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = json.load(f)
+    base = base or cfg["base_model"]
+    dims = ParallelDims(1, 1, 1)
+    model = load_model(base, dims, cfg["model"]["dtype"])
+    es = cfg["es"]
+    perturber = Perturber(build_shards(model, es["include"], es["exclude"]), restore=es["restore"],
+                          master=es["master"], chunk_elems=es["chunk_elems"])
+    entries = Ledger(run_dir, cfg["config_hash"], 0).read()[:steps]
+    done = 0
+    ckpt = latest_checkpoint(run_dir, len(entries)) if use_checkpoint and cfg["parallel"]["tp"] == 1 else None
+    if ckpt is not None:
+        done, path = ckpt
+        load_checkpoint_(path, perturber, dims)
+    replay_(perturber, entries[done:])
+    try:
+        tok = AutoTokenizer.from_pretrained(base)
+    except (OSError, ValueError):
+        tok = None
+    export_hf(model, tok, out, dims)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--base", help="base model directory (default: the one the run recorded)")
+    ap.add_argument("--steps", type=int, help="replay only the first N steps")
+    args = ap.parse_args()
+    print(json.dumps({"out": replay(args.run_dir, args.out, args.base, args.steps)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,7 @@
 The ledger ``history.jsonl`` holds, per step, everything the update used
 (member seeds, signs, raw returns, shaped weights, sigma_t, alpha_t); an
 update is a pure function of those, so base weights + ledger = the run's
-weights. Checkpoints only shorten the replay: ``ckpt/step_XXXXXX/tp{r}.safetensors``
+weights. Checkpoints only shorten the replay: ``ckpt/step_<N>/tp<r>.safetensors``
 holds each tp rank's local shards under their canonical names (the fp32
 master when ``master=fp32_host``), written to a temporary directory and
 renamed when every rank has written.

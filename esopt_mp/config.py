@@ -130,8 +130,6 @@ class EngineConfig:
 
     def validate(self, key: str = "engine") -> None:
         _check(self.name == "hf", f"{key}.name", f"only the 'hf' engine is built, got {self.name!r}")
-        from esopt_mp.engine.sampling import SamplingParams
-
         try:
             self.sampling()
         except ValueError as e:

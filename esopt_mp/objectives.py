@@ -62,6 +62,7 @@ class TargetLogProb:
         return self.score(model, self.train_ids if member is not None else self.eval_ids)
 
 
+# "agent" episodes need the tokenizer and engine: the trainer builds esopt_mp.agent.objective.AgentObjective
 OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None}
 
 

@@ -148,6 +148,8 @@ class EnvConfig:
     max_turns: int = 45
     size: int = 4  # sudoku board size (4 or 9)
     mask_count: int = 4  # sudoku H*
+    show_original: bool = True  # sudoku: show the original puzzle above the current board
+    hints: bool = False  # sudoku: list candidates per empty cell (a CPU-demo aid, not the paper's prompt)
     train_path: str | None = None  # JSONL tasks; None generates them
     eval_path: str | None = None
     n_train: int = 64

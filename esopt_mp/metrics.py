@@ -21,17 +21,58 @@ def setup_logging(rank: int, level: str = "INFO") -> None:
 
 
 class MetricsWriter:
-    """Appends one JSON object per record to ``path``; a no-op on ranks other than 0."""
+    """Rank 0: one JSON object per record in ``path`` and, when tensorboard is installed, its
+    scalars under ``<dir>/tensorboard``. A no-op on the other ranks."""
 
-    def __init__(self, path: str, rank: int):
+    SCALARS = ("return_mean", "return_max", "failed", "sigma", "alpha", "rollout_s", "step_s", "comm_bytes_total")
+
+    def __init__(self, path: str, rank: int, tensorboard: bool = True):
         self.path, self.enabled = path, rank == 0
+        self.tb = None
         if self.enabled:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self.tb = SummaryWriter(os.path.join(os.path.dirname(os.path.abspath(path)), "tensorboard"))
+                except ImportError:
+                    logging.getLogger(__name__).info("tensorboard not installed: metrics go to %s only", path)
 
     def write(self, record: dict) -> None:
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            if "step" in record:
+                for k in self.SCALARS:
+                    if isinstance(record.get(k), (int, float)):
+                        self.tb.add_scalar(f"train/{k}", record[k], record["step"])
+            if "eval" in record:
+                self.tb.add_scalar("eval/score", record["eval"], record["eval_step"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def summary_screen(s: dict) -> str:
+    """The end-of-run summary a person reads: before/after, time, memory, communication."""
+    mem = s.get("peak_gpu_bytes", s.get("peak_rss_bytes", 0)) / 2**30
+    where = "GPU peak allocated" if "peak_gpu_bytes" in s else "host peak RSS"
+    lines = [
+        "=" * 60,
+        f" ES run finished: {s['steps']} steps (resumed from {s['resumed_from']})",
+        f" held-out score   {s['eval_before']:.4f} -> {s['eval_after']:.4f}  ({s['eval_after'] - s['eval_before']:+.4f})",
+        f" wall time        {s['seconds']:.1f} s",
+        f" {where:<16} {mem:.2f} GiB",
+        f" ES comm / step   {s['comm_bytes_per_step']:.0f} bytes",
+        f" local parameters {s['params_local']:,}",
+        "=" * 60,
+    ]
+    return "\n".join(lines)
 
 
 def plot_run(metrics_path: str, out_png: str) -> str | None:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 from esopt_mp.checkpoint import Ledger, export_hf, latest_checkpoint, load_checkpoint_, replay_, save_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
-from esopt_mp.metrics import MetricsWriter, plot_run
+from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
 from esopt_mp.models import build_shards, build_tiny_qwen35, load_model
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
@@ -72,8 +73,13 @@ class ESTrainer:
 
     # ------------------------------------------------------------------ build
     def _model_path(self) -> str:
-        if self.cfg.model.path:
-            return self.cfg.model.path
+        path = self.cfg.model.path
+        if path and path.startswith("builtin:"):
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", path[len("builtin:"):])
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                raise FileNotFoundError(f"{path} is missing: build it with python tools/build_tiny_agent.py --out {path}")
+        if path:
+            return path
         path = os.path.join(self.cfg.run.dir, "base_model")
         if self.dims.rank == 0:
             t = self.cfg.model.tiny
@@ -188,9 +194,11 @@ class ESTrainer:
         self.metrics.write({"summary": summary})
         if dims.rank == 0:
             plot_run(self.metrics.path, os.path.join(cfg.run.dir, "training.png"))
+            print(summary_screen(summary), file=sys.stderr)
         log.info("held-out score: %.4f -> %.4f over %d steps", before, after, cfg.es.steps)
         return summary
 
     def close(self) -> None:
+        self.metrics.close()
         self.model = None
         self.perturber = None

@@ -58,7 +58,8 @@ class AgentObjective:
         if not self.dims.is_tp_leader:
             follow_episodes(self.engine, cfg, self.dims)
             return math.nan
-        envs = [make(self.cfg.name, max_turns=self.cfg.max_turns) for _ in tasks]
+        extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
+        envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, **extra) for _ in tasks]
         eps = run_episodes(self.engine, envs, tasks, seeds, cfg, self.dims)
         if self.traj_path:
             write_trajectories(self.traj_path, eps, **tags)
@@ -71,6 +72,8 @@ class AgentObjective:
 
     def evaluate(self, model, member) -> float:
         if member is None:
+            if self.dims.dp_rank != 0:  # one dp group evaluates; the others would repeat it
+                return math.nan
             r = self.eval_round
             self.eval_round += 1
             tasks = self.eval_tasks * self.cfg.eval_repeats

@@ -198,11 +198,12 @@ SYSTEM = ("You are playing Sudoku. Fill every empty cell so that each row, colum
 class SudokuEnv:
     name = "sudoku"
 
-    def __init__(self, max_turns: int = 45, show_original: bool = True):
+    def __init__(self, max_turns: int = 45, show_original: bool = True, hints: bool = False):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
         self.show_original = show_original
+        self.hints = hints  # not the paper's prompt: list each empty cell's candidates (CPU demo aid)
         self.task = None
 
     def reset(self, task: dict):
@@ -226,10 +227,20 @@ class SudokuEnv:
             parts.append("Original puzzle:\n" + render_board(self.givens))
         parts.append("Current board:\n" + render_board(self.board))
         parts.append("Empty cells: " + (" ".join(empty) if empty else "none"))
+        if self.hints and empty:
+            parts.append("Candidates: " + " ".join(
+                f"({r + 1},{c + 1}):{''.join(map(str, self._candidates(r, c)))}"
+                for r in range(n) for c in range(n) if self.board[r][c] == 0))
         if feedback:
             parts.append("Feedback: " + feedback)
         parts.append(f"Turn {self.turn + 1} of {self.max_turns}. Your action:")
         return "\n".join(parts)
+
+    def _candidates(self, r: int, c: int) -> list[int]:
+        n, b = self.size, _box(self.size)
+        used = set(self.board[r]) | {self.board[i][c] for i in range(n)}
+        used |= {self.board[i][j] for i in range(r // b * b, r // b * b + b) for j in range(c // b * b, c // b * b + b)}
+        return [v for v in range(1, n + 1) if v not in used]
 
     def _apply(self, text: str) -> str:
         m = ACTION.search(text)

@@ -12,7 +12,9 @@ from esopt_mp.parallel.spawn import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHORT = ["es.population=4", "es.steps=2", "objective.batch=2"]
+SHORT = ["model=tiny", "objective=target_logprob", "es.population=4", "es.steps=2", "objective.batch=2"]
+AGENT_SHORT = ["es.population=4", "es.steps=2", "env.episodes_per_step=2", "env.n_eval=4", "env.max_turns=2",
+               "run.eval_every=0"]
 
 
 def _run(cmd, run_dir, env=None, timeout=600):
@@ -29,20 +31,28 @@ def _summary(proc):
 
 
 def test_plain_python(tmp_path):
-    s = _summary(_run([sys.executable, "launch/train.py", *SHORT], tmp_path / "run"))
+    proc = _run([sys.executable, "launch/train.py", *SHORT], tmp_path / "run")
+    s = _summary(proc)
     assert s["steps"] == 2 and s["comm_bytes_per_step"] == 0
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "return_mean" in r] == [0, 1]
     assert sum("eval" in r for r in rows) == 2 and "summary" in rows[-1]
     assert len((tmp_path / "run" / "history.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "run" / "training.png").stat().st_size > 10_000
+    assert any((tmp_path / "run" / "tensorboard").iterdir())  # event file
+    assert "held-out score" in proc.stderr and "ES comm / step" in proc.stderr  # the summary screen
 
 
-def test_torchrun_tp2_dp2(tmp_path):
+def test_torchrun_tp2_dp2_agent_default(tmp_path):
+    """The embedded default (tiny agent, Sudoku episodes) sharded tp=2 inside each of 2 dp groups."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
-           "launch/train.py", "parallel.tp=2", "parallel.dp=2", "parallel.checksum_every=1", *SHORT]
+           "launch/train.py", "parallel.tp=2", "parallel.dp=2", "parallel.checksum_every=1", *AGENT_SHORT]
     s = _summary(_run(cmd, tmp_path / "run"))
     assert s["steps"] == 2 and 0 < s["comm_bytes_per_step"] < 4096
+    rows = [json.loads(l) for l in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert {r["member"] for r in train} == {0, 2}  # dp group 0's members; rank 0 writes its own group's episodes
+    assert all(r["turns"] and r["ended"] in ("terminated", "truncated", "turn_budget") for r in rows)
 
 
 def test_bad_config_fails_before_anything_is_built(tmp_path):

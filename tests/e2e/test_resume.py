@@ -14,7 +14,7 @@ from esopt_mp.parallel.spawn import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARGS = ["es.population=4", "es.steps=6", "objective.batch=2", "run.checkpoint_every=2", "run.export=true"]
+ARGS = ["model=tiny", "objective=target_logprob", "es.population=4", "es.steps=6", "objective.batch=2", "run.checkpoint_every=2", "run.export=true"]
 
 
 def _cmd(world: int, run_dir, extra=()):
@@ -90,7 +90,8 @@ def test_bad_configs_fail_before_any_rollout(tmp_path):
     _run(_cmd(1, run, ["es.steps=1"]))
     cases = [
         (_cmd(1, run, ["es.steps=1", "es.seed=99"]), "different configuration"),
-        (_cmd(1, tmp_path / "b", ["objective.name=agent", "env.name=chess"]), "env.name: unknown environment"),
+        ([sys.executable, "launch/train.py", "env.name=chess", f"run.dir={tmp_path / 'b'}"],
+         "env.name: unknown environment"),
         (_cmd(1, tmp_path / "c", ["parallel.dp=2", "es.population=4"]), "2 * 1 = 2 != 1"),
         (_cmd(1, tmp_path / "d", ["es.sigma.start=0.0"]), "a training schedule needs sigma > 0"),
     ]

@@ -106,3 +106,27 @@ def test_render_and_registry():
     assert {"sudoku", "math_react", "heuristic"} <= set(registered())
     with pytest.raises(ValueError, match="unknown environment"):
         make("chess")
+
+
+def test_candidate_hints_and_scripted_warm_start_data():
+    from transformers import AutoTokenizer
+
+    from esopt_mp.models.warmstart import encode_examples, scripted_episode
+
+    task = generate(1, 3, size=4, seed=1)[0]
+    env = make("sudoku", hints=True, show_original=False)
+    msgs, _ = env.reset(task)
+    text = msgs[-1]["content"]
+    assert "Original puzzle" not in text and "Candidates: " in text
+    for r in range(4):
+        for c in range(4):
+            if task["puzzle"][r][c] == 0:
+                assert f"({r + 1},{c + 1}):" in text and str(task["solution"][r][c]) in text.split(f"({r + 1},{c + 1}):")[-1][:4]
+    segs = scripted_episode(task, 6, {"hints": True, "show_original": False})
+    actions = [t for t, a in segs if a]
+    assert len(actions) == 3 and all(a.startswith("set ") and a.endswith("<|im_end|>") for a in actions)
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+    tok = AutoTokenizer.from_pretrained(root)
+    ids, labels = encode_examples(tok, [task], 6, {"hints": True, "show_original": False})[0]
+    supervised = tok.decode([t for t, l in zip(ids, labels) if l != -100])
+    assert supervised == "".join(actions) and len(ids) == len(labels)

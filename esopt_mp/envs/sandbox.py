@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import resource
 import shutil
 import signal
@@ -276,6 +277,8 @@ class Sandbox:
             if rc == -signal.SIGXCPU or rc == 128 + signal.SIGXCPU:
                 error = f"cpu limit of {lim.cpu_s} s exceeded"
             elif err_lines:
-                error += f": {err_lines[-1][:200]}"
+                # the exception line, not whatever a crowd of dying processes printed last
+                exc = [l for l in err_lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", l)]
+                error += f": {(exc or err_lines)[-1][:200]}"
         return SandboxResult(bufs["out"].decode(errors="replace"), bufs["err"].decode(errors="replace"), rc,
                              time.monotonic() - start, error)

@@ -134,13 +134,27 @@ def replay_(perturber, entries: list[dict]) -> None:
         perturber.update(e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0))
 
 
-def export_hf(model, tokenizer, out_dir: str, dims, full_state: dict | None = None) -> str | None:
+def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpoint: bool = True) -> int:
+    """Bring the weights to the end of ``entries``: newest checkpoint (if any, and wanted) + ledger replay.
+
+    Returns the step the checkpoint covered (0 without one).
+    """
+    done = 0
+    ckpt = latest_checkpoint(run_dir, len(entries)) if use_checkpoint else None
+    if ckpt is not None:
+        done, path = ckpt
+        load_checkpoint_(path, perturber, dims)
+    replay_(perturber, entries[done:])
+    return done
+
+
+def export_hf(model, tokenizer, out_dir: str, dims) -> str | None:
     """A plain HF directory (config, safetensors, tokenizer) that ``from_pretrained`` and vLLM load."""
     from transformers import AutoModelForCausalLM
 
     from esopt_mp.models import full_state_dict
 
-    state = full_state if full_state is not None else full_state_dict(model)  # collective on the tp group
+    state = full_state_dict(model)  # collective on the tp group
     if dims.rank != 0:
         return None
     cfg = model.config

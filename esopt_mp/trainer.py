@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Ledger, export_hf, latest_checkpoint, load_checkpoint_, replay_, save_checkpoint
+from esopt_mp.checkpoint import Ledger, export_hf, restore_run_, save_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
@@ -100,12 +100,7 @@ class ESTrainer:
         if not entries:
             return 0
         self.ledger.truncate_to(len(entries))
-        ckpt = latest_checkpoint(self.cfg.run.dir, len(entries))
-        done = 0
-        if ckpt is not None:
-            done, path = ckpt
-            load_checkpoint_(path, self.perturber, self.dims)
-        replay_(self.perturber, entries[done:])
+        done = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries)
         log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)
         return len(entries)
 

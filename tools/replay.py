@@ -21,7 +21,7 @@ def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = 
     """Base + ledger -> HF directory; ``use_checkpoint`` starts from the newest tp=1 checkpoint instead."""
     from transformers import AutoTokenizer
 
-    from esopt_mp.checkpoint import Ledger, export_hf, latest_checkpoint, load_checkpoint_, replay_
+    from esopt_mp.checkpoint import Ledger, export_hf, restore_run_
     from esopt_mp.es import Perturber
     from esopt_mp.models import build_shards, load_model
     from esopt_mp.parallel import ParallelDims
@@ -35,12 +35,7 @@ def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = 
     perturber = Perturber(build_shards(model, es["include"], es["exclude"]), restore=es["restore"],
                           master=es["master"], chunk_elems=es["chunk_elems"])
     entries = Ledger(run_dir, cfg["config_hash"], 0).read()[:steps]
-    done = 0
-    ckpt = latest_checkpoint(run_dir, len(entries)) if use_checkpoint and cfg["parallel"]["tp"] == 1 else None
-    if ckpt is not None:
-        done, path = ckpt
-        load_checkpoint_(path, perturber, dims)
-    replay_(perturber, entries[done:])
+    restore_run_(run_dir, perturber, dims, entries, use_checkpoint and cfg["parallel"]["tp"] == 1)
     try:
         tok = AutoTokenizer.from_pretrained(base)
     except (OSError, ValueError):

@@ -37,8 +37,9 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
         gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
     train = load(cfg.train_path, cfg.n_train) if cfg.train_path and load else gen(cfg.n_train, cfg.task_seed)
     held = load(cfg.eval_path, cfg.n_eval) if cfg.eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1)
-    seen = {str(t.get("puzzle", t.get("question", t.get("seed")))) for t in train}
-    held = [t for t in held if str(t.get("puzzle", t.get("question", t.get("seed")))) not in seen][: cfg.n_eval]
+    key = lambda t: str(t.get("puzzle", t.get("question", t.get("seed"))))  # noqa: E731 - what makes a task
+    seen = {key(t) for t in train}
+    held = [t for t in held if key(t) not in seen][: cfg.n_eval]
     if len(train) < cfg.episodes_per_step or not held:
         raise ValueError(f"env: {len(train)} training and {len(held)} held-out tasks are not enough")
     return train, held

@@ -19,6 +19,7 @@ from typing import Any
 from esopt_mp.es.perturber import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS
 from esopt_mp.es.shaping import SHAPINGS
+from esopt_mp.envs.sandbox.config import SandboxConfig
 
 
 class ConfigError(ValueError):
@@ -158,9 +159,15 @@ class EnvConfig:
     eval_repeats: int = 1
     eval_temperature: float = 0.0
     task_seed: int = 0
+    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)  # code-running envs' isolation floor
 
     def validate(self, key: str = "env") -> None:
         from esopt_mp.envs import registered
+
+        try:
+            self.sandbox.validate(f"{key}.sandbox")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
         _check(self.name in registered(), f"{key}.name", f"unknown environment {self.name!r}; known: {registered()}")
         for k in ("max_turns", "n_train", "n_eval", "episodes_per_step", "eval_repeats"):

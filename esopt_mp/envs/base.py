@@ -9,6 +9,7 @@ agent loop enforces the turn and token budgets on top of ``max_turns``.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,12 +39,19 @@ def register(name: str):
     return deco
 
 
-def make(name: str, **kwargs) -> Env:
-    """A new environment instance by registered name."""
+def make(name: str, sandbox=None, **kwargs) -> Env:
+    """A new environment instance by registered name.
+
+    ``sandbox`` (a ``SandboxConfig`` -- the ``env.sandbox`` section -- or a ready ``Sandbox``) reaches the
+    environments that run code; environments that run none (sudoku) do not take it.
+    """
     _load_builtin()
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**kwargs)
+    factory = _REGISTRY[name]
+    if sandbox is not None and "sandbox" in inspect.signature(factory).parameters:
+        kwargs["sandbox"] = sandbox
+    return factory(**kwargs)
 
 
 def registered() -> list[str]:

@@ -5,10 +5,13 @@ the feasible bin of highest priority. Instances are Weibull(k=3, lambda=45)
 item sizes, capacity 100, drawn from the task's seed. Fitness is the mean
 relative gap to the L1 lower bound ceil(sum(items) / capacity); lower is
 better, and the episode's return is ``-best_gap``. The code runs in the
-sandbox with a timeout; invalid code gets a clear reason and gap 1.0.
+sandbox, which only answers score queries; the packing and the gap are computed here (see
+:func:`evaluate`), and invalid code or answers get a clear reason and ``FAIL_GAP``.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import re
@@ -17,7 +20,7 @@ import numpy as np
 
 from esopt_mp.agent.parsers import build_parser
 from esopt_mp.envs.base import register
-from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
+from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
 CAPACITY = 100
 FAIL_GAP = 3.0  # worse than one bin per item (gap <= ~1.5 on these instances)
@@ -28,24 +31,23 @@ SYSTEM = ("Design a heuristic for online bin packing. Write a Python function\n"
 SEED_HEURISTIC = "def score(item, bins):\n    return -(bins - item)  # best fit\n"
 _CODE = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
 
-HARNESS = r'''
-import json, sys
-import numpy as np
-data = json.loads(sys.stdin.read())
-used = []
-for items in data["instances"]:
-    cap = float(data["capacity"])
-    bins = np.full(len(items), cap)
-    for item in items:
-        valid = np.nonzero(bins >= item)[0]
-        pr = np.asarray(score(float(item), bins[valid].copy()), dtype=float).reshape(-1)
-        if pr.shape != valid.shape:
-            raise ValueError(f"score returned shape {pr.shape}, expected {valid.shape}")
-        if not np.all(np.isfinite(pr)):
-            raise ValueError("score returned non-finite priorities")
-        bins[valid[int(np.argmax(pr))]] -= item
-    used.append(int((bins != cap).sum()))
-print(json.dumps({"bins": used}))
+# Runs in the untrusted process after the code: it answers score queries and nothing else. The packing and
+# the gap are computed by the caller from these answers, so nothing the code prints or does can set its fitness,
+# and each query holds only the current item and the current feasible bins (no future item is ever sent).
+SERVER = r'''
+import base64 as _b64, json as _json, os as _os, sys as _sys
+import numpy as _np
+_proto = _os.fdopen(_os.dup(1), "w")
+_os.dup2(2, 1)  # the code's own prints go to stderr, not into the replies
+_sys.stdout = _sys.stderr
+for _line in _sys.stdin:
+    _out = []
+    for _item, _bins in _json.loads(_line):
+        _b = _np.frombuffer(_b64.b64decode(_bins), dtype=_np.uint8).astype(float)
+        _p = _np.asarray(score(float(_item), _b), dtype="<f8").reshape(-1)
+        _out.append(_b64.b64encode(_p.tobytes()).decode())
+    _proto.write(_json.dumps(_out) + "\n")
+    _proto.flush()
 '''
 
 
@@ -69,18 +71,58 @@ def extract_code(text: str, parser) -> str | None:
     return text if "def score" in text else None
 
 
+def pack_online(instances: list[list[int]], ask) -> list[int] | str:
+    """Bins used per instance when every item goes to the feasible bin that ``ask`` ranks highest.
+
+    ``ask([[item, b64 uint8 remaining capacities of the feasible bins], ...])`` (one entry per unfinished
+    instance, all at the same item index) returns one priority array per entry, or a failure reason (str).
+    Any malformed answer -- wrong count or shape, non-finite values -- is a failure reason.
+    """
+    bins = [np.full(len(items), CAPACITY, dtype=np.int64) for items in instances]
+    for t in range(max((len(i) for i in instances), default=0)):
+        active = [k for k, items in enumerate(instances) if t < len(items)]
+        valid = [np.nonzero(bins[k] >= instances[k][t])[0] for k in active]
+        req = [[int(instances[k][t]), base64.b64encode(bins[k][v].astype(np.uint8).tobytes()).decode()]
+               for k, v in zip(active, valid)]
+        reply = ask(req)
+        if isinstance(reply, str):
+            return reply
+        if len(reply) != len(active):
+            return f"score answered {len(reply)} queries, expected {len(active)}"
+        for k, v, pr in zip(active, valid, reply):
+            if pr.shape != v.shape:
+                return f"score returned shape {pr.shape}, expected {v.shape}"
+            if not np.all(np.isfinite(pr)):
+                return "score returned non-finite priorities"
+            bins[k][v[int(np.argmax(pr))]] -= instances[k][t]
+    return [int((b != CAPACITY).sum()) for b in bins]
+
+
+def _decode(line: str | None) -> list[np.ndarray] | str:
+    try:
+        out = json.loads(line)
+        if not isinstance(out, list) or not all(isinstance(x, str) for x in out):
+            return "malformed reply from score"
+        return [np.frombuffer(base64.b64decode(x, validate=True), dtype="<f8") for x in out]
+    except (ValueError, TypeError, binascii.Error):
+        return "malformed reply from score"
+
+
 def evaluate(code: str, instances: list[list[int]], sandbox: Sandbox) -> tuple[float, str | None, list[int]]:
-    """(gap, failure reason, bins used per instance) of ``code`` on ``instances``."""
+    """(gap, failure reason, bins used per instance) of ``code`` on ``instances``; any failure scores FAIL_GAP."""
     if "def score" not in code:
         return FAIL_GAP, "no `def score(item, bins)` found", []
-    program = "import numpy as np\n" + code + "\n" + HARNESS
-    res = sandbox.run_python(program, stdin=json.dumps({"instances": instances, "capacity": CAPACITY}))
-    if not res.ok:
-        return FAIL_GAP, res.error, []
-    try:
-        used = json.loads(res.stdout.strip().splitlines()[-1])["bins"]
-    except (ValueError, KeyError, IndexError):
-        return FAIL_GAP, "the evaluator printed no result", []
+    line_cap = 64 + 12 * len(instances) * (1 + max((len(i) for i in instances), default=0))  # b64 of float64s
+    with sandbox.session("import numpy as np\n" + code + "\n" + SERVER) as s:
+        def ask(req):
+            line = s.ask(json.dumps(req), line_cap)
+            return s.failure() if line is None else _decode(line)
+
+        used = pack_online(instances, ask)
+    if isinstance(used, str):
+        if s.result is not None and s.result.error and "stopped answering" in used:
+            used = s.result.error
+        return FAIL_GAP, used, []
     gaps = [(u - lower_bound(items)) / lower_bound(items) for u, items in zip(used, instances)]
     return float(np.mean(gaps)), None, used
 
@@ -94,11 +136,13 @@ def generate(n: int, seed: int = 0, n_instances: int = 5, n_items: int = 500) ->
 class BinPackingEnv:
     name = "heuristic"
 
-    def __init__(self, max_turns: int = 2, parser: str = "any", sandbox: Sandbox | None = None,
+    def __init__(self, max_turns: int = 2, parser: str = "any", sandbox: Sandbox | SandboxConfig | None = None,
                  limits: SandboxLimits | None = None):
         self.max_turns = max_turns
         self.parser = build_parser(parser)
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(wall_s=30, cpu_s=30))
+        # a ready Sandbox, or this environment's sub-config (``env.sandbox``) applied over its own default limits
+        self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox.from_config(
+            sandbox, limits or SandboxLimits(wall_s=30, cpu_s=30))
         self.task = None
 
     def reset(self, task: dict):

@@ -14,7 +14,7 @@ import re
 
 from esopt_mp.agent.parsers import build_parser
 from esopt_mp.envs.base import register
-from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
+from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
 SYSTEM = ("Solve the problem. You may run Python with the `python` tool: "
           "<tool_call>\n<function=python>\n<parameter=code>\n...\n</parameter>\n</function>\n</tool_call>. "
@@ -86,11 +86,13 @@ def load_jsonl(path: str) -> list[dict]:
 class MathReactEnv:
     name = "math_react"
 
-    def __init__(self, max_turns: int = 50, parser: str = "any", sandbox: Sandbox | None = None,
+    def __init__(self, max_turns: int = 50, parser: str = "any", sandbox: Sandbox | SandboxConfig | None = None,
                  limits: SandboxLimits | None = None):
         self.max_turns = max_turns
         self.parser = build_parser(parser)
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(wall_s=10, output_bytes=8192))
+        # a ready Sandbox, or this environment's sub-config (``env.sandbox``) applied over its own default limits
+        self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox.from_config(
+            sandbox, limits or SandboxLimits(wall_s=10, output_bytes=8192))
         self.task = None
 
     def reset(self, task: dict):

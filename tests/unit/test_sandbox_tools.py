@@ -1,6 +1,5 @@
-"""The sandbox survives hostile code; tool-call parsers; math_react and bin packing environments."""
+"""Sandbox basics; tool-call parsers; math_react and bin packing environments (attacks: test_sandbox_levels)."""
 import os
-import time
 
 import pytest
 
@@ -19,54 +18,8 @@ def test_plain_code_runs(sandbox):
     assert r.ok and r.stdout.strip() == "10"
 
 
-HOSTILE = {
-    "infinite loop": ("while True:\n    pass", ("timeout", "cpu limit")),
-    "fork bomb": ("import os\nwhile True:\n    os.fork()", ("Resource temporarily unavailable", "timeout", "BlockingIOError")),
-    "memory bomb": ("x = bytearray(10 ** 10)", ("MemoryError",)),
-    "10 GB file": ("with open('big', 'wb') as f:\n    for _ in range(10240):\n        f.write(b'0' * (1 << 20))",
-                   ("File too large", "EFBIG")),
-    "print 100 MB": ("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))", ("output exceeded",)),
-}
-
-
-@pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_code_is_contained(sandbox, name):
-    code, expected = HOSTILE[name]
-    t = time.monotonic()
-    r = sandbox.run_python(code)
-    assert not r.ok and any(e in r.error + r.stderr for e in expected), (r.error, r.stderr[-500:])
-    assert time.monotonic() - t < 15
-    assert len(r.stdout) <= 4096
-    assert sandbox.run_python("print('still fine')").stdout == "still fine\n"  # and the sandbox still works
-
-
-def test_network_and_filesystem(sandbox, tmp_path):
-    import socket
-
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    port = srv.getsockname()[1]
-    try:
-        r = sandbox.run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')")
-    finally:
-        srv.close()
-    outside = tmp_path / "outside.txt"
-    outside.write_text("secret")
-    read = sandbox.run_python(f"print(open({str(outside)!r}).read())")
-    write = sandbox.run_python(f"open({str(tmp_path / 'new.txt')!r}, 'w').write('x')")
-    scratch = sandbox.run_python("open('mine.txt', 'w').write('ok'); print(open('mine.txt').read())")
-    assert scratch.ok and scratch.stdout == "ok\n"
-    assert not (tmp_path / "new.txt").exists()
-    if sandbox.level in ("bwrap", "unshare"):
-        assert not r.ok and "connected" not in r.stdout
-    if sandbox.level == "bwrap":
-        assert not read.ok and "secret" not in read.stdout
-        assert not write.ok
-
-
 def test_bad_level():
-    with pytest.raises(ValueError, match="sandbox level"):
+    with pytest.raises(ValueError, match=r"env\.sandbox\.level"):
         Sandbox(level="docker")
 
 
@@ -112,13 +65,15 @@ def test_math_loader_reads_paper_splits():
 
 
 def test_bin_packing_evaluator(sandbox):
+    from esopt_mp.envs.heuristic import FAIL_GAP
+
     env = make("heuristic", max_turns=2, sandbox=Sandbox(SandboxLimits(wall_s=20, cpu_s=20)))
     env.reset({"id": "b", "seed": 3, "n_instances": 2, "n_items": 200})
     best_fit = "```python\ndef score(item, bins):\n    return -(bins - item)\n```"
     msgs, reward, term, trunc, info = env.step(best_fit)
     assert info["error"] is None and 0 <= info["gap"] < 0.2 and "Gap" in msgs[0]["content"]
     msgs, reward, term, trunc, info = env.step("```python\ndef score(item, bins):\n    return bins[:1]\n```")
-    assert "shape" in info["error"] and term and reward == -info["best_gap"]
+    assert "shape" in info["error"] and info["gap"] == FAIL_GAP and term and reward == -info["best_gap"]
     env.reset({"id": "b", "seed": 3, "n_instances": 2, "n_items": 200})
     msgs, reward, term, trunc, info = env.step("no code at all")
     assert info["error"] == "no code found"

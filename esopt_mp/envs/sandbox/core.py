@@ -1,0 +1,245 @@
+"""Level selection, the command for each level, and the two ways to run code (one shot, request/reply session).
+
+What each level confines (every level also applies: wall clock, CPU, memory, per-call process count, file size,
+open files, an output cap, a total byte cap, the kill of every process the call started, and -- as root -- a
+fresh per-call uid that owns nothing):
+
+- ``bwrap``: user/mount/PID/net/IPC namespaces; only the Python installation and system libraries visible,
+  read-only; /tmp is a private tmpfs of ``total_mb`` and the only writable place.
+- ``unshare``: own network and PID namespaces (util-linux ``unshare``; a user namespace when not root), Landlock
+  (read-only Python and system libraries, a private 0700 scratch directory, nothing else; no TCP) and seccomp (no
+  sockets). Bytes written are capped by a watchdog on the scratch directory.
+- ``rlimit``: no namespaces: Landlock and seccomp as above, signals kept inside the Landlock domain, and a
+  subreaper bootstrap that kills every descendant. Needs Landlock ABI 6 (Linux 6.12) when not root.
+
+A level is used only if a probe that runs exactly what a call runs (same command, same uid, same confinement)
+succeeds; otherwise it is unavailable and the reason is kept. Nothing runs below ``min_level``.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+from esopt_mp.envs.sandbox.config import LEVELS, SandboxConfig, SandboxLimits, SandboxResult, SandboxUnavailable
+from esopt_mp.envs.sandbox.process import Running
+
+log = logging.getLogger(__name__)
+CHILD = open(os.path.join(os.path.dirname(__file__), "_child.py")).read()
+UID_BASE = 1 << 30  # per-call uids: UID_BASE + (pid << 8 | counter), unique among live processes on the node
+_COUNTER = itertools.count()
+_PROBE = "import numpy, os, socket\nopen('probe', 'w').write('x')\nprint('ok', os.getuid())"
+_LOCK = threading.Lock()
+_DETECTED: dict[tuple, dict[str, str | None]] = {}
+
+
+def _ro_paths() -> list[str]:
+    paths = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", sys.base_prefix, sys.prefix,
+             os.path.dirname(os.path.realpath(sys.executable))}
+    paths.update(p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p)
+    out = []
+    for p in sorted((os.path.realpath(p) for p in paths if os.path.exists(p)), key=len):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def _bwrap(root: bool, limits: SandboxLimits) -> list[str]:
+    cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+           "--unshare-uts", "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev",
+           "--size", str(limits.total_mb << 20), "--perms", "1777", "--tmpfs", "/tmp", "--clearenv",
+           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
+           "--setenv", "PYTHONNOUSERSITE", "1", "--setenv", "LANG", "C.UTF-8"]
+    # root: no user namespace (in one, the sandbox's uid would be root outside); the bootstrap drops to the
+    # per-call uid, which needs setuid and searchable parents of the bound paths
+    cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"] if root else ["--unshare-user"]
+    made = {"/"}
+    for link in ("/lib", "/lib64", "/lib32", "/bin", "/sbin"):  # merged-/usr systems: keep the symlinks
+        if os.path.islink(link):
+            cmd += ["--symlink", os.readlink(link), link]
+    for p in _ro_paths():
+        parent = os.path.dirname(p)
+        chain = []
+        while parent not in made:
+            chain.append(parent)
+            made.add(parent)
+            parent = os.path.dirname(parent)
+        for d in reversed(chain):
+            cmd += ["--perms", "0755", "--dir", d]
+        cmd += ["--ro-bind", p, p]
+    return cmd + ["--remount-ro", "/"]
+
+
+class Sandbox:
+    """``run_python(code)`` / ``session(code)`` in a fresh process with the limits and the strongest isolation."""
+
+    def __init__(self, limits: SandboxLimits | None = None, level: str = "auto", min_level: str = "rlimit",
+                 key: str = "env.sandbox"):
+        self.limits = limits or SandboxLimits()
+        self.root = os.geteuid() == 0
+        SandboxConfig(level=level, min_level=min_level).validate(key)  # ValueError naming the key
+        allowed = LEVELS[: LEVELS.index(min_level) + 1]
+        wanted = allowed if level == "auto" else (level,)
+        ok = [lv for lv in wanted if probe(lv) is None][:1]  # probe stops at the first level that works
+        if not ok:
+            why = "; ".join(f"{lv}: {probe(lv)}" for lv in wanted)
+            raise SandboxUnavailable(f"{key}.min_level={min_level}: no sandbox level at or above it works here "
+                                     f"({why}); install bubblewrap, allow user namespaces, or lower {key}.min_level")
+        self.level = ok[0]
+        log.info("sandbox isolation level: %s (%s)", self.level, self.describe())
+
+    @classmethod
+    def from_config(cls, cfg: SandboxConfig | None, defaults: SandboxLimits | None = None,
+                    key: str = "env.sandbox") -> "Sandbox":
+        cfg = cfg or SandboxConfig()
+        return cls(cfg.limits(defaults), cfg.level, cfg.min_level, key)
+
+    def describe(self) -> str:
+        base = "timeout, cpu, memory, per-call processes, file size, total bytes, output cap, descendants killed"
+        extra = {"bwrap": "namespaces: network, pid, filesystem view (read-only Python, private sized /tmp)",
+                 "unshare": "network and pid namespaces, Landlock filesystem, seccomp no sockets",
+                 "rlimit": "Landlock filesystem and signals, seccomp no sockets, subreaper kill (no namespaces)"}
+        return f"blocks {base}; {extra[self.level]}" + ("; per-call uid" if self.root else "")
+
+    # -- launching ---------------------------------------------------------------------------------------------
+    def _launch(self, code: str, session: bool, level: str | None = None) -> tuple[Running | None, str | None]:
+        level, lim = level or self.level, self.limits
+        uid = UID_BASE + ((os.getpid() << 8) | (next(_COUNTER) & 0xFF)) if self.root else None
+        scratch = None
+        if level != "bwrap":
+            scratch = tempfile.mkdtemp(prefix="esopt_sbx_")  # 0700
+            if uid is not None:
+                os.chown(scratch, uid, uid)
+        cwd = "/tmp" if level == "bwrap" else scratch
+        plan = {"rlimits": {"RLIMIT_CPU": lim.cpu_s, "RLIMIT_AS": lim.memory_mb << 20, "RLIMIT_CORE": 0,
+                            "RLIMIT_FSIZE": lim.fsize_mb << 20, "RLIMIT_NOFILE": lim.nofile},
+                "nproc": lim.nproc, "nproc_relative": level == "rlimit" and not self.root, "uid": uid, "cwd": cwd,
+                "supervise": level == "rlimit", "seccomp": level != "bwrap", "own_cwd": level == "bwrap",
+                "landlock": None if level == "bwrap" else {"ro": _ro_paths(), "rw": [scratch],
+                                                           "dev_rw": ["/dev/null", "/dev/zero", "/dev/urandom"],
+                                                           "need_scope": level == "rlimit" and not self.root}}
+        rfd, wfd = os.pipe()
+        plan["code_fd"] = rfd
+        py = [os.path.realpath(sys.executable), "-I", "-c", CHILD, json.dumps(plan)]
+        if level == "bwrap":
+            cmd = _bwrap(self.root, lim) + py
+        elif level == "unshare":
+            ns = ["--net", "--pid", "--fork", "--kill-child"]
+            cmd = ["unshare"] + ([] if self.root else ["--user", "--map-current-user"]) + ns + py
+        else:
+            cmd = py
+        env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "PYTHONNOUSERSITE": "1", "LANG": "C.UTF-8"}
+        try:
+            proc = subprocess.Popen(cmd, cwd=scratch or "/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True, env=env, pass_fds=(rfd,),
+                                    close_fds=True)
+        except OSError as e:
+            os.close(rfd)
+            os.close(wfd)
+            _rm(scratch)
+            return None, f"could not start the sandbox: {e}"
+        os.close(rfd)
+        threading.Thread(target=_feed, args=(wfd, code.encode()), daemon=True).start()
+        run = Running(proc, lim, scratch, session)
+        run.scratch = scratch
+        return run, None
+
+    def run_python(self, code: str, stdin: str = "", level: str | None = None) -> SandboxResult:
+        """Run ``code`` to completion; never raises for anything the code does."""
+        run, err = self._launch(code, session=False, level=level)
+        if run is None:
+            return SandboxResult("", "", None, 0.0, err)
+        try:
+            run.write(stdin.encode())
+            return run.finish()
+        finally:
+            _rm(run.scratch)
+
+    @contextlib.contextmanager
+    def session(self, code: str):
+        """A running ``code`` to talk to line by line (``ask``); its result (``result``) once the block ends."""
+        run, err = self._launch(code, session=True)
+        s = Session(run, err)
+        try:
+            yield s
+        finally:
+            if run is not None:
+                s.result = run.finish()
+                _rm(run.scratch)
+
+
+class Session:
+    def __init__(self, run: Running | None, error: str | None):
+        self.run, self.error, self.result = run, error, None
+
+    def ask(self, line: str, max_bytes: int) -> str | None:
+        """Send one request line; the reply line, or None if the process cannot answer (see ``failure``)."""
+        if self.run is None or not self.run.write(line.encode() + b"\n"):
+            return None
+        return self.run.line(max_bytes)
+
+    def failure(self) -> str:
+        if self.run is None:
+            return self.error or "sandbox did not start"
+        if self.run.error:
+            return self.run.error
+        self.run.proc.poll()
+        rc = self.run.proc.returncode
+        tail = self.run.err.decode(errors="replace").strip().splitlines()[-1:]
+        return f"the code stopped answering (exit status {rc})" + (f": {tail[0][:200]}" if tail else "")
+
+
+def probe(level: str) -> str | None:
+    """None if ``level`` works here for this user, else why not (cached per process and euid)."""
+    key = (level, os.geteuid())
+    with _LOCK:
+        if key in _DETECTED:
+            return _DETECTED[key]
+    tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(level)
+    hidden = _unsearchable(sys.prefix) if os.geteuid() == 0 and level != "bwrap" else None
+    if tool and not shutil.which(tool):
+        why = f"{tool} not found on PATH"
+    elif hidden:
+        why = (f"the per-call uid cannot reach the Python installation {sys.prefix}: {hidden} is not searchable "
+               f"by others (chmod o+x {hidden}, or use bwrap)")
+    else:
+        sb = Sandbox.__new__(Sandbox)
+        sb.limits, sb.root = SandboxLimits(wall_s=30, cpu_s=30), os.geteuid() == 0
+        r = sb.run_python(_PROBE, level=level)
+        words = r.stdout.split()
+        why = r.error or (None if words[:1] == ["ok"] else f"unexpected probe output {r.stdout[:80]!r}")
+        if why is None and sb.root and words[1:2] == ["0"]:
+            why = "the code still ran as root"
+    with _LOCK:
+        _DETECTED[key] = why
+    if why:
+        log.info("sandbox level %s unavailable: %s", level, why)
+    return why
+
+
+def _unsearchable(path: str) -> str | None:
+    """The first directory on the way to ``path`` that others cannot traverse, if any."""
+    parts = os.path.realpath(path).split("/")[1:]
+    for i in range(1, len(parts) + 1):
+        d = "/" + "/".join(parts[:i])
+        with contextlib.suppress(OSError):
+            if not os.stat(d).st_mode & 0o001:
+                return d
+    return None
+
+
+def _feed(wfd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError), os.fdopen(wfd, "wb") as f:
+        f.write(data)
+
+
+def _rm(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)

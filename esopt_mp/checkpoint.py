@@ -16,7 +16,6 @@ import os
 import shutil
 
 import torch
-import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 LEDGER = "history.jsonl"
@@ -87,21 +86,18 @@ def save_checkpoint(run_dir: str, step: int, perturber, dims) -> str | None:
     if dims.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp, exist_ok=True)
-    if dims.distributed:
-        dist.barrier()
+    dims.comm.barrier()
     if dims.dp_rank == 0:
         tensors, meta = {}, {}
         for shard, state in zip(perturber.shards, perturber.state_tensors()):
             tensors[shard.info.name] = state.detach().to("cpu").contiguous()
             meta[shard.info.name] = json.dumps({"global_shape": shard.info.global_shape, "offset": shard.info.offset})
         save_file(tensors, os.path.join(tmp, f"tp{dims.tp_rank}.safetensors"), metadata=meta)
-    if dims.distributed:
-        dist.barrier()
+    dims.comm.barrier()
     if dims.rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-    if dims.distributed:
-        dist.barrier()
+    dims.comm.barrier()
     return final
 
 

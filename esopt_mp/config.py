@@ -89,6 +89,7 @@ class ParallelConfig:
     backend: str = "auto"
     launcher: str = "auto"  # auto | deepspeed (initialise through deepspeed.init_distributed)
     checksum_every: int = 10
+    timeout_s: float = 1800.0  # of every collective (init_process_group): the longest a rank may wait for the others
 
     def validate(self, key: str = "parallel") -> None:
         _check(self.dp >= 1, f"{key}.dp", f"must be >= 1, got {self.dp}")
@@ -96,6 +97,8 @@ class ParallelConfig:
         _check(self.backend in ("auto", "nccl", "gloo"), f"{key}.backend", f"must be auto, nccl or gloo, got {self.backend!r}")
         _check(self.launcher in ("auto", "deepspeed"), f"{key}.launcher", f"must be auto or deepspeed, got {self.launcher!r}")
         _check(self.checksum_every >= 0, f"{key}.checksum_every", f"must be >= 0, got {self.checksum_every}")
+        _check(math.isfinite(self.timeout_s) and self.timeout_s > 0, f"{key}.timeout_s",
+               f"must be a finite number of seconds > 0, got {self.timeout_s}")
 
 
 @dataclasses.dataclass
@@ -203,6 +206,11 @@ class RunConfig:
     checkpoint_every: int = 10
     export: bool = False  # write run.dir/export (a plain HF directory) at the end
     trajectories: bool = True  # agent objective: write run.dir/trajectories.jsonl (rank 0 group)
+    degenerate_steps: int = 3  # warn loudly after this many steps in a row that learned nothing
+    stop_on_degenerate: bool = False  # ... and stop with an error
+
+    def validate(self, key: str = "run") -> None:
+        _check(self.degenerate_steps >= 1, f"{key}.degenerate_steps", f"must be >= 1, got {self.degenerate_steps}")
 
 
 @dataclasses.dataclass

@@ -4,7 +4,9 @@ One ES step as data flow (ARCHITECTURE.md s.3): member seeds from (run seed,
 step) on every rank; each dp group perturbs, evaluates and restores its own
 members (m % dp == dp_rank), TP peers joining the sharded forward passes; one
 all-gather of the G returns; every rank shapes them and updates its own shard;
-rank 0 appends the step to the ledger. A restarted run loads the newest
+rank 0 appends the step to the ledger. At the end of every step the ranks
+agree (one all-reduce) on whether any of them was asked to stop, so all
+checkpoint and exit after the same step. A restarted run loads the newest
 complete checkpoint, replays the ledger tail and continues exactly where the
 ledger ends.
 """
@@ -19,7 +21,6 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from esopt_mp.checkpoint import Ledger, export_hf, restore_run_, save_checkpoint
@@ -29,6 +30,7 @@ from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
 from esopt_mp.models import build_shards, build_tiny_qwen35, load_model
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
+from esopt_mp.health import Health
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ def _schedule(cfg, steps: int) -> Schedule:
 class ESTrainer:
     def __init__(self, cfg: TrainConfig, dims: ParallelDims):
         self.cfg, self.dims = cfg, dims
-        self.comm = CommStats()
+        self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
         path = self._model_path()
@@ -68,6 +70,7 @@ class ESTrainer:
             with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
                 json.dump(dict(cfg.to_dict(), base_model=path, config_hash=cfg.hash()), f, indent=1)
         self._stop_requested = False
+        self.health = Health(cfg.run.degenerate_steps, cfg.run.stop_on_degenerate)
         log.info("ES on %d local parameters in %d tensors (%s restore, master %s), starting at step %d",
                  self.perturber.numel, len(self.shards), es.restore, es.master, self.start_step)
 
@@ -91,8 +94,7 @@ class ESTrainer:
             else:
                 build_tiny_qwen35(path, seed=t.seed, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                                   num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
-        if self.dims.distributed:
-            dist.barrier()
+        self.dims.comm.barrier()
         return path
 
     def _resume(self) -> int:
@@ -105,8 +107,13 @@ class ESTrainer:
         return len(entries)
 
     # ------------------------------------------------------------------ run
+    @property
+    def comm(self) -> CommStats:
+        """Bytes this trainer's collectives moved (counted at the calls, TP channel included)."""
+        return self.dims.comm.stats - self._comm0
+
     def evaluate(self) -> float:
-        """Held-out return with the unperturbed weights (sigma = 0); meaningful on rank 0."""
+        """Held-out return with the unperturbed weights (sigma = 0)."""
         return self.objective.evaluate(self.model, None)
 
     def step(self, t: int) -> dict:
@@ -120,19 +127,20 @@ class ESTrainer:
             self.perturber.perturb(seeds[m], sigma, signs[m])
             try:
                 local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m]))
-            except Exception:
+            except Exception as e:
                 if dims.tp > 1:
                     raise  # a peer may be waiting inside a collective: fail loudly rather than hang
                 log.exception("member %d of step %d failed; its return counts as NaN", m, t)
+                self.health.note_error(f"member {m}: {type(e).__name__}: {e}")
                 local[m] = math.nan
             finally:
                 self.perturber.restore()
         t_eval = time.perf_counter()
-        returns = gather_returns(local, es.population, dims, self.comm)
+        returns = gather_returns(local, es.population, dims)
         weights = shape_returns(returns, es.shaping)
         self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
         if self.cfg.parallel.checksum_every and (t + 1) % self.cfg.parallel.checksum_every == 0:
-            check_replicas([(s.info.name, s.tensor) for s in self.shards], dims, self.comm)
+            check_replicas([(s.info.name, s.tensor) for s in self.shards], dims)
         ok = [float(r) for r in returns if not math.isnan(r)]
         record = {
             "step": t, "seeds": seeds, "signs": signs, "returns": [None if math.isnan(r) else float(r) for r in returns],
@@ -140,6 +148,7 @@ class ESTrainer:
             "wall_time": time.time(),
         }
         self.ledger.append(record)
+        self.health.check(t, returns, weights, getattr(self.objective, "recent_errors", []))
         return {"step": t, "sigma": sigma, "alpha": alpha,
                 "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
                 "failed": es.population - len(ok), "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
@@ -167,9 +176,10 @@ class ESTrainer:
             if cfg.run.eval_every and (t + 1) % cfg.run.eval_every == 0 and t + 1 < cfg.es.steps:
                 self.metrics.write({"eval_step": t + 1, "eval": self.evaluate()})
             last = t + 1 == cfg.es.steps
-            if self._stop_requested or last or (cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0):
+            stop = dims.comm.any(self._stop_requested)  # one verdict for all ranks, at the step boundary
+            if stop or last or (cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0):
                 save_checkpoint(cfg.run.dir, t + 1, self.perturber, dims)
-            if self._stop_requested and not last:
+            if stop and not last:
                 log.warning("stopped after step %d on request; rerun the same command to resume", t)
                 return {"stopped_at": t + 1}
         after = self.evaluate()

@@ -44,7 +44,7 @@ def main(hcfg: DictConfig) -> None:
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.world_size))
     dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
-                            use_deepspeed=cfg.parallel.launcher == "deepspeed")
+                            use_deepspeed=cfg.parallel.launcher == "deepspeed", timeout_s=cfg.parallel.timeout_s)
     trainer = None
     stopped = False
     try:

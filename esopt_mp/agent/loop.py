@@ -15,7 +15,6 @@ import math
 import time
 
 import torch
-import torch.distributed as dist
 
 from esopt_mp.agent.chat import IM_END, delta_text, opening_text
 from esopt_mp.engine.hf import HFEngine
@@ -50,7 +49,10 @@ class Episode:
 
 
 class TPChannel:
-    """Leader -> peers messages and token checksums over the tp group (no-ops without TP)."""
+    """Leader -> peers messages and token checksums over the tp group (no-ops without TP).
+
+    Both go through ``dims.comm``, which puts them on the backend's device and counts their bytes.
+    """
 
     def __init__(self, dims=None):
         self.dims = dims
@@ -59,12 +61,10 @@ class TPChannel:
 
     def send(self, payload):
         if self.on:
-            dist.broadcast_object_list([payload], src=self.src, group=self.dims.group("tp"))
+            self.dims.comm.broadcast_object(payload, src=self.src, dim="tp")
 
     def recv(self):
-        box = [None]
-        dist.broadcast_object_list(box, src=self.src, group=self.dims.group("tp"))
-        return box[0]
+        return self.dims.comm.broadcast_object(None, src=self.src, dim="tp")
 
     def verify(self, gens) -> None:
         if not self.on:
@@ -73,8 +73,7 @@ class TPChannel:
         for g in gens:
             for t in g.token_ids:
                 h = (h * 1000003 + t + 1) % (1 << 61)
-        x = torch.tensor([h, -h], dtype=torch.int64)
-        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.dims.group("tp"))
+        x = self.dims.comm.all_reduce(torch.tensor([h, -h], dtype=torch.int64), "max", dim="tp")
         if int(x[0]) != -int(x[1]):
             raise RuntimeError(f"tp ranks sampled different tokens (rank {self.dims.rank}); logits diverged")
 

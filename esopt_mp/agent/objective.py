@@ -4,13 +4,16 @@ Every member of a step plays the same tasks (common random numbers, drawn from
 the run's ``tasks`` stream); token sampling uses the ``episode`` stream. The TP
 leader of each dp group plays the episodes; its peers join the forward passes.
 Held-out evaluation plays every eval task ``eval_repeats`` times with the
-unperturbed weights.
+unperturbed weights, spread over the dp groups (task i on group i % dp); one
+all-reduce of (sum, count) gives every rank the mean that one group playing
+all of them would get.
 """
 from __future__ import annotations
 
 import math
-import os
 import random
+
+import torch
 
 from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes, write_trajectories
 from esopt_mp.engine.hf import HFEngine
@@ -54,18 +57,21 @@ class AgentObjective:
         self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         self.eval_round = 0
+        self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
 
-    def _play(self, tasks, seeds, cfg, **tags) -> float:
+    def _play(self, tasks, seeds, cfg, **tags) -> tuple[float, int]:
+        """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
         if not self.dims.is_tp_leader:
             follow_episodes(self.engine, cfg, self.dims)
-            return math.nan
+            return 0.0, 0
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
         envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, **extra) for _ in tasks]
         eps = run_episodes(self.engine, envs, tasks, seeds, cfg, self.dims)
         if self.traj_path:
             write_trajectories(self.traj_path, eps, **tags)
+        self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         finite = [e.ret for e in eps if not math.isnan(e.ret)]
-        return sum(finite) / len(finite) if finite else math.nan
+        return sum(finite), len(finite)
 
     def step_tasks(self, step: int) -> list[dict]:
         rng = random.Random(stream_seed(self.run_seed, "tasks", step))
@@ -73,13 +79,19 @@ class AgentObjective:
 
     def evaluate(self, model, member) -> float:
         if member is None:
-            if self.dims.dp_rank != 0:  # one dp group evaluates; the others would repeat it
-                return math.nan
-            r = self.eval_round
-            self.eval_round += 1
-            tasks = self.eval_tasks * self.cfg.eval_repeats
-            seeds = [stream_seed(self.run_seed, "eval", r, e) for e in range(len(tasks))]
-            return self._play(tasks, seeds, self.eval_cfg, kind="eval", round=r)
+            return self._held_out()
         tasks = self.step_tasks(member.step)
         seeds = [stream_seed(self.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
-        return self._play(tasks, seeds, self.train_cfg, kind="train", step=member.step, member=member.index)
+        total, n = self._play(tasks, seeds, self.train_cfg, kind="train", step=member.step, member=member.index)
+        return total / n if n else math.nan
+
+    def _held_out(self) -> float:
+        """Mean held-out return on every rank: dp group g plays tasks g, g + dp, ...; one all-reduce sums."""
+        r = self.eval_round
+        self.eval_round += 1
+        tasks = self.eval_tasks * self.cfg.eval_repeats
+        mine = range(self.dims.dp_rank, len(tasks), self.dims.dp)
+        seeds = [stream_seed(self.run_seed, "eval", r, e) for e in mine]
+        total, n = self._play([tasks[e] for e in mine], seeds, self.eval_cfg, kind="eval", round=r)
+        total, n = self.dims.comm.all_reduce(torch.tensor([total, n], dtype=torch.float64), "sum", "world").tolist()
+        return total / n if n else math.nan

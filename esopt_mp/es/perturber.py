@@ -11,8 +11,9 @@ Precision modes (ARCHITECTURE.md s.5):
 
 - ``restore="subtract"``: add sigma*eps, later subtract it again; exact in
   fp32 up to rounding, drifts in bf16.
-- ``restore="snapshot"``: copy of the local shard (host, pinned on CUDA),
-  copied back on restore: bit-exact in every dtype.
+- ``restore="snapshot"``: copy of the local shard (host, pinned on CUDA,
+  exactly the shard's size: :mod:`esopt_mp.es.hostmem`), copied back on
+  restore: bit-exact in every dtype.
 - ``master="fp32_host"``: an fp32 master of the shard on the host; updates
   accumulate there and device weights are re-rounded from it, so bf16 weights
   still absorb steps far below their resolution. Restore copies the master back.
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from esopt_mp.es.hostmem import HostCopies
 from esopt_mp.es.noise import ShardInfo, stream
 
 RESTORE_MODES = ("subtract", "snapshot")
@@ -70,11 +72,6 @@ def _finite(name: str, v: float, nonneg: bool = False) -> float:
     return v
 
 
-def _host_copy(t: torch.Tensor, dtype=None) -> torch.Tensor:
-    out = torch.empty(t.shape, dtype=dtype or t.dtype, device="cpu", pin_memory=t.is_cuda)
-    return out.copy_(t)
-
-
 class Perturber:
     """ES operations on a fixed list of local shards (all ranks call them in lockstep)."""
 
@@ -104,13 +101,21 @@ class Perturber:
         self.block = int(block) if block else max(1 << 14, min(1 << 17, self.chunk_elems // 128))
         self.noise_backend = noise_backend
         self._active: tuple[int, float, int] | None = None
-        self._master = [_host_copy(s.tensor, torch.float32) for s in self.shards] if master == "fp32_host" else None
-        self._snapshot: list[torch.Tensor] | None = None
+        tensors = [s.tensor for s in self.shards]
+        self.master_host = HostCopies(tensors, torch.float32).copy_from_(tensors) if master == "fp32_host" else None
+        self._master = self.master_host.tensors if self.master_host else None
+        self.snapshot_host: HostCopies | None = None  # allocated once, refreshed when stale
+        self._snapshot: list[torch.Tensor] | None = None  # its tensors while they hold the current weights
 
     # ------------------------------------------------------------------ state
     @property
     def is_perturbed(self) -> bool:
         return self._active is not None
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory held for the precision mode (snapshot and/or fp32 master), in bytes."""
+        return sum(h.nbytes for h in (self.snapshot_host, self.master_host) if h is not None)
 
     @property
     def numel(self) -> int:
@@ -160,7 +165,10 @@ class Perturber:
         if sign not in (1, -1):
             raise ValueError(f"sign must be +1 or -1, got {sign}")
         if self.restore_mode == "snapshot" and self._master is None and self._snapshot is None:
-            self._snapshot = [_host_copy(s.tensor) for s in self.shards]
+            tensors = [s.tensor for s in self.shards]
+            if self.snapshot_host is None:
+                self.snapshot_host = HostCopies(tensors)
+            self._snapshot = self.snapshot_host.copy_from_(tensors).tensors
         self._add_noise_(seed, sign * sigma)
         self._active = (int(seed), sigma, sign)
 

@@ -27,6 +27,8 @@ class ParallelDims:
     rank: int = 0
     device_type: str = "cpu"
     mesh: object = dataclasses.field(default=None, repr=False)  # DeviceMesh ("dp", "tp") when world > 1
+    backend: str = "gloo"  # of the process group: decides where collectives take their tensors
+    _comm: object = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for key in ("dp", "tp", "world_size"):
@@ -61,6 +63,22 @@ class ParallelDims:
     def tp_mesh(self):
         return self.mesh["tp"] if self.mesh is not None else None
 
+    @property
+    def comm_device(self) -> torch.device:
+        """Where this backend takes tensors: this rank's CUDA device for NCCL, the host for gloo."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    @property
+    def comm(self):
+        """This process's :class:`~esopt_mp.parallel.collectives.Collectives` (built once)."""
+        if self._comm is None:
+            from esopt_mp.parallel.collectives import Collectives
+
+            self._comm = Collectives(self)
+        return self._comm
+
     def group(self, dim: str):
         """Process group of ``dim`` in {"dp", "tp", "world"}; None when not distributed."""
         if self.mesh is None:
@@ -94,6 +112,11 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
         backend = "nccl" if cuda else "gloo"
     if backend not in ("nccl", "gloo"):
         raise ValueError(f"parallel.backend must be auto, nccl or gloo, got {backend!r}")
+    if backend == "nccl" and not cuda:
+        raise ValueError("parallel.backend=nccl needs CUDA, and torch.cuda.is_available() is False")
+    if not (timeout_s > 0):
+        raise ValueError(f"parallel.timeout_s must be > 0, got {timeout_s}")
+    dims.backend = backend
     if cuda:
         torch.cuda.set_device(le.local_rank % torch.cuda.device_count())
     if le.world_size > 1 and not dist.is_initialized():
@@ -105,6 +128,8 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
                                        timeout=datetime.timedelta(seconds=timeout_s))
         else:
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if dist.is_initialized():
+        dims.backend = dist.get_backend()  # an existing group (or deepspeed's) decides
     dims.build_mesh()
     log.info("rank %d/%d (%s): dp_rank %d of %d, tp_rank %d of %d, backend %s", le.rank, le.world_size,
              le.launcher, dims.dp_rank, dp, dims.tp_rank, tp, backend if le.world_size > 1 else "none")

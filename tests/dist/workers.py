@@ -8,8 +8,7 @@ import torch
 from esopt_mp.config import build_config
 from esopt_mp.es import ShardInfo, local_noise, population
 from esopt_mp.models import full_state_dict
-from esopt_mp.parallel import (CommStats, ReplicaDriftError, check_replicas, discover, gather_returns,
-                               init_distributed)
+from esopt_mp.parallel import ReplicaDriftError, check_replicas, discover, gather_returns, init_distributed
 from esopt_mp.trainer import ESTrainer
 
 
@@ -68,13 +67,12 @@ def drift_worker(rank: int, world: int, model_path: str, run_dir: str, out_path:
 
 def gather_worker(rank: int, world: int, out_path: str) -> None:
     dims = init_distributed(discover(), 2, 2)
-    stats = CommStats()
     G = 6
     local = {m: (math.nan if m == 3 else float(m * 10 + 1)) for m in dims.members(G)}
     if not dims.is_tp_leader:  # peers' values must be ignored
         local = {m: -999.0 for m in local}
-    returns = gather_returns(local, G, dims, stats)
-    torch.save((returns.tolist(), stats.total), f"{out_path}.{rank}")
+    returns = gather_returns(local, G, dims)
+    torch.save((returns.tolist(), dims.comm.stats.total), f"{out_path}.{rank}")
 
 
 def qwen3_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> None:

@@ -1,0 +1,69 @@
+"""SIGUSR1 sent to ONE rank of a 2-rank run: both stop after the same step, checkpoint, exit 75; a rerun
+continues exactly (same ledger and final checkpoint as an uninterrupted run)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from esopt_mp.parallel.spawn import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS = 10
+ARGS = ["model=tiny", "objective=target_logprob", "es.population=4", f"es.steps={STEPS}", "objective.batch=2",
+        "run.checkpoint_every=0", "run.eval_every=0", "parallel.dp=2", "parallel.timeout_s=120"]
+
+
+def _start(run_dir):
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        procs.append(subprocess.Popen([sys.executable, "launch/train.py", *ARGS, f"run.dir={run_dir}"], cwd=ROOT,
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _wait(procs):
+    out = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("ranks hung")
+        out.append((p.returncode, err))
+    return out
+
+
+def _ledger(run_dir):
+    with open(os.path.join(run_dir, "history.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if k != "wall_time"} for line in f]
+
+
+def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert [rc for rc, _ in _wait(_start(ref))] == [0, 0]
+    procs = _start(run)
+    ledger = run / "history.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not ledger.exists() or len(ledger.read_text().splitlines()) < 2):
+        time.sleep(0.02)
+    procs[1].send_signal(signal.SIGUSR1)  # rank 1 only; rank 0 never sees a signal
+    results = _wait(procs)
+    assert [rc for rc, _ in results] == [75, 75], [err[-2000:] for _, err in results]
+    n = len(_ledger(run))
+    assert 2 <= n < STEPS
+    assert sorted(os.listdir(run / "ckpt")) == [f"step_{n:06d}"]  # both ranks checkpointed after step n - 1
+    assert all(f"stopped after step {n - 1} on request" in err for _, err in results)
+    assert [rc for rc, _ in _wait(_start(run))] == [0, 0]
+    assert _ledger(run) == _ledger(ref)
+    a, b = (load_file(d / "ckpt" / f"step_{STEPS:06d}" / "tp0.safetensors") for d in (ref, run))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

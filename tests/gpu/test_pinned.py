@@ -1,0 +1,42 @@
+"""On CUDA the snapshot and fp32 master are pinned and exactly the shards' size (no power-of-two rounding)."""
+import pytest
+import torch
+
+from esopt_mp.es import LocalShard, Perturber, ShardInfo
+
+pytestmark = pytest.mark.gpu
+KEY = "allocated_bytes.current"  # torch.cuda.host_memory_stats(): the caching host allocator's bytes
+
+
+def _caching_host_bytes() -> int:
+    return int(torch.cuda.host_memory_stats().get(KEY, 0))
+
+
+def _shards(dtype):
+    sizes = [(1024, 10240), (768, 10240), (64, 16)]  # 70 MB in fp32: the caching allocator would take 128 MB
+    dev = torch.device("cuda", torch.cuda.current_device())
+    return [LocalShard(torch.randn(s, device=dev).to(dtype), ShardInfo.full(f"w{i}", s)) for i, s in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("dtype,master", [(torch.float32, "none"), (torch.bfloat16, "fp32_host")])
+def test_pinned_bytes_equal_shard_bytes(dtype, master):
+    shards = _shards(dtype)
+    original = [s.tensor.clone() for s in shards]
+    elem = 4 if master == "fp32_host" else dtype.itemsize
+    n = sum(s.tensor.numel() for s in shards) * elem
+    cached = _caching_host_bytes()
+    p = Perturber(shards, restore="snapshot", master=master)
+    p.perturb(11, 0.05)
+    assert not torch.equal(shards[0].tensor, original[0])
+    p.restore()
+    host = p.master_host if master == "fp32_host" else p.snapshot_host
+    assert host.pinned and all(t.is_pinned() for t in host.tensors)
+    assert host.nbytes == n == p.host_bytes  # each shard's bytes are a multiple of 64: no padding at all
+    assert _caching_host_bytes() == cached  # nothing went through the rounding caching host allocator
+    if master == "none":
+        assert all(torch.equal(s.tensor, o) for s, o in zip(shards, original))  # bit-exact restore
+    rounded = torch.empty(n, dtype=torch.uint8, pin_memory=True)  # what the old code did, for the record
+    assert _caching_host_bytes() - cached >= n
+    del rounded
+    host.release()
+    assert not host.pinned

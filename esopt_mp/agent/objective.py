@@ -18,7 +18,10 @@ import torch
 from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes, write_trajectories
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.envs import make
+from esopt_mp.envs.sandbox import Sandbox
 from esopt_mp.es.seeds import stream_seed
+
+CODE_ENVS = ("math_react", "heuristic")  # environments that run model-written code
 
 
 def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
@@ -52,6 +55,8 @@ class AgentObjective:
     def __init__(self, env_cfg, engine_cfg, run_seed: int, model, tokenizer, dims, traj_path: str | None = None):
         self.cfg, self.run_seed, self.dims = env_cfg, run_seed, dims
         self.engine = HFEngine(model, tokenizer, prefix_reuse=engine_cfg.prefix_reuse)
+        if dims.is_tp_leader and env_cfg.name in CODE_ENVS:  # refuse a too-weak sandbox now, not at episode 1
+            Sandbox.from_config(env_cfg.sandbox)
         self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling())
         self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature))
         self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
@@ -65,7 +70,7 @@ class AgentObjective:
             follow_episodes(self.engine, cfg, self.dims)
             return 0.0, 0
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
-        envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, **extra) for _ in tasks]
+        envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
         eps = run_episodes(self.engine, envs, tasks, seeds, cfg, self.dims)
         if self.traj_path:
             write_trajectories(self.traj_path, eps, **tags)

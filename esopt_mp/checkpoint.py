@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = 1
 __all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "save_checkpoint", "latest_checkpoint",
-           "checkpoint_steps", "load_checkpoint_", "prune_checkpoints", "replay_", "restore_run_", "export_hf"]
+           "checkpoint_steps", "load_checkpoint_", "prune_checkpoints", "replay_", "restore_run_"]
 
 
 class CheckpointError(ValueError):

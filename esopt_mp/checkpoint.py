@@ -1,127 +1,255 @@
-"""Seed ledger, sharded safetensors checkpoints, exact resume, HF export.
+"""Sharded safetensors checkpoints with integrity manifests, elastic load, pruning; exact resume.
 
-The ledger ``history.jsonl`` holds, per step, everything the update used
-(member seeds, signs, raw returns, shaped weights, sigma_t, alpha_t); an
-update is a pure function of those, so base weights + ledger = the run's
-weights. Checkpoints only shorten the replay: ``ckpt/step_<N>/tp<r>.safetensors``
-holds each tp rank's local shards under their canonical names (the fp32
-master when ``master=fp32_host``), written to a temporary directory and
-renamed when every rank has written.
+The ledger (:mod:`esopt_mp.ledger`) is the run's ground truth: base weights +
+ledger = the run's weights. Checkpoints only shorten the replay.
+``ckpt/step_<N>/tp<r>.safetensors`` holds tp rank r's local shards under their
+canonical names (the fp32 master when ``master=fp32_host``), each with its
+global shape and offset in the metadata. Every file is fsynced; rank 0 then
+writes ``manifest.json`` (size and SHA-256 of every file) last, fsyncs the
+directory and renames ``step_<N>.tmp`` to ``step_<N>``. A checkpoint counts only
+with a manifest whose files match it, so a crash at any point of a save, or a
+later truncation, falls back to the previous complete checkpoint (or to base +
+full replay). Loading is elastic: each rank assembles its own box from the
+intersecting saved boxes, whatever tp layout wrote them.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import os
 import shutil
 
 import torch
 
+from esopt_mp.identity import file_sha256
+from esopt_mp.ledger import LEDGER, Ledger, LedgerError, _fsync_dir
+
 log = logging.getLogger(__name__)
-LEDGER = "history.jsonl"
+MANIFEST = "manifest.json"
+FORMAT = 1
+__all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "save_checkpoint", "latest_checkpoint",
+           "checkpoint_steps", "load_checkpoint_", "prune_checkpoints", "replay_", "restore_run_"]
 
 
-class Ledger:
-    def __init__(self, run_dir: str, config_hash: str, rank: int):
-        self.path = os.path.join(run_dir, LEDGER)
-        self.config_hash, self.rank = config_hash, rank
-
-    def read(self) -> list[dict]:
-        """Complete entries in order (a torn last line from a crash is ignored)."""
-        if not os.path.exists(self.path):
-            return []
-        entries = []
-        with open(self.path) as f:
-            for line in f:
-                try:
-                    entries.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
-        for e in entries:
-            if e.get("config_hash") != self.config_hash:
-                raise ValueError(
-                    f"{self.path} was written by a different configuration (hash {e.get('config_hash')} != "
-                    f"{self.config_hash}); use a new run.dir or the original config"
-                )
-        steps = [e["step"] for e in entries]
-        if steps != list(range(len(steps))):
-            raise ValueError(f"{self.path}: steps are not consecutive from 0: {steps[:10]}...")
-        return entries
-
-    def append(self, entry: dict) -> None:
-        """Write + fsync on rank 0; a crash leaves at worst a torn last line, which :meth:`read` drops."""
-        if self.rank != 0:
-            return
-        entry = dict(entry, config_hash=self.config_hash)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def truncate_to(self, n: int) -> None:
-        """Drop a torn tail so that appends continue a clean file (rank 0)."""
-        if self.rank != 0 or not os.path.exists(self.path):
-            return
-        with open(self.path) as f:
-            lines = f.readlines()
-        if len(lines) != n:
-            with open(self.path + ".tmp", "w") as f:
-                f.writelines(lines[:n])
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(self.path + ".tmp", self.path)
+class CheckpointError(ValueError):
+    """A checkpoint is incomplete, corrupt, or does not cover this rank's shards."""
 
 
 def _ckpt_root(run_dir: str) -> str:
     return os.path.join(run_dir, "ckpt")
 
 
-def save_checkpoint(run_dir: str, step: int, perturber, dims) -> str | None:
-    """Every rank of dp group 0 writes its shard; rank 0 renames the directory once all have."""
+def _fsync_file(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_rank_file(tmp: str, tp_rank: int, perturber) -> None:
+    """This tp rank's shards -> ``tmp/tp<r>.safetensors`` (fsynced) and a sidecar with its size and SHA-256."""
     from safetensors.torch import save_file
 
+    tensors, meta = {}, {}
+    for shard, state in zip(perturber.shards, perturber.state_tensors()):
+        tensors[shard.info.name] = state.detach().to("cpu").contiguous()
+        meta[shard.info.name] = json.dumps({"global_shape": shard.info.global_shape, "offset": shard.info.offset})
+    name = f"tp{tp_rank}.safetensors"
+    path = os.path.join(tmp, name)
+    save_file(tensors, path, metadata=meta)
+    _fsync_file(path)
+    _write_json(os.path.join(tmp, f"tp{tp_rank}.sum.json"),
+                {"file": name, "bytes": os.path.getsize(path), "sha256": file_sha256(path)})
+
+
+def finalize(tmp: str, final: str, step: int, tp: int) -> None:
+    """Rank 0, after every rank wrote: manifest last, fsync, rename, fsync the parent."""
+    files = {}
+    for r in range(tp):
+        side = os.path.join(tmp, f"tp{r}.sum.json")
+        with open(side) as f:
+            s = json.load(f)
+        files[s["file"]] = {"bytes": s["bytes"], "sha256": s["sha256"]}
+    _write_json(os.path.join(tmp, MANIFEST), {"format": FORMAT, "step": step, "tp": tp, "files": files})
+    for r in range(tp):
+        os.remove(os.path.join(tmp, f"tp{r}.sum.json"))
+    _fsync_dir(tmp)
+    if os.path.exists(final):  # a re-save of this step: move the old one aside, drop it after the rename
+        shutil.rmtree(final + ".old", ignore_errors=True)
+        os.replace(final, final + ".old")
+    os.replace(tmp, final)
+    _fsync_dir(os.path.dirname(final))
+    shutil.rmtree(final + ".old", ignore_errors=True)
+
+
+def save_checkpoint(run_dir: str, step: int, perturber, dims, keep: int = 0) -> str:
+    """Every rank of dp group 0 writes its shard; rank 0 finalizes, then keeps the newest ``keep`` (0: all)."""
     root = _ckpt_root(run_dir)
     final = os.path.join(root, f"step_{step:06d}")
     tmp = final + ".tmp"
     if dims.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp, exist_ok=True)
+        _fsync_dir(root)
     dims.comm.barrier()
     if dims.dp_rank == 0:
-        tensors, meta = {}, {}
-        for shard, state in zip(perturber.shards, perturber.state_tensors()):
-            tensors[shard.info.name] = state.detach().to("cpu").contiguous()
-            meta[shard.info.name] = json.dumps({"global_shape": shard.info.global_shape, "offset": shard.info.offset})
-        save_file(tensors, os.path.join(tmp, f"tp{dims.tp_rank}.safetensors"), metadata=meta)
+        write_rank_file(tmp, dims.tp_rank, perturber)
     dims.comm.barrier()
     if dims.rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        finalize(tmp, final, step, dims.tp)
+        prune_checkpoints(run_dir, keep, step)
     dims.comm.barrier()
     return final
 
 
-def latest_checkpoint(run_dir: str, max_step: int) -> tuple[int, str] | None:
+def _dirs(run_dir: str) -> list[tuple[int, str, bool]]:
+    """(step, path, is_leftover) of every checkpoint directory; ``step_N.tmp``/``.old`` are leftovers."""
     root = _ckpt_root(run_dir)
-    if not os.path.isdir(root):
-        return None
-    steps = sorted(int(d[5:]) for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp"))
-    steps = [s for s in steps if s <= max_step]
-    return (steps[-1], os.path.join(root, f"step_{steps[-1]:06d}")) if steps else None
+    out = []
+    for d in os.listdir(root) if os.path.isdir(root) else []:
+        stem, _, suffix = d.partition(".")
+        if stem.startswith("step_") and stem[5:].isdigit():
+            out.append((int(stem[5:]), os.path.join(root, d), bool(suffix)))
+    return sorted(out)
 
 
-def load_checkpoint_(path: str, perturber, dims) -> None:
+def check_checkpoint(path: str, files: list[str] | None = None, digest: bool = False) -> dict:
+    """The manifest of ``path`` after checking ``files`` (default all): sizes and headers, SHA-256 if ``digest``."""
     from safetensors import safe_open
 
-    with safe_open(os.path.join(path, f"tp{dims.tp_rank}.safetensors"), "pt") as f:
-        meta = f.metadata() or {}
-        states = []
-        for shard in perturber.shards:
-            info = json.loads(meta[shard.info.name])
-            if tuple(info["offset"]) != shard.info.offset or tuple(info["global_shape"]) != shard.info.global_shape:
-                raise ValueError(f"{path}: {shard.info.name} was saved for another layout ({info})")
-            states.append(f.get_tensor(shard.info.name))
-    perturber.load_state_(states)
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            man = json.load(f)
+        entries = man["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: no valid {MANIFEST} ({e}); the save did not complete") from None
+    for name in entries if files is None else files:
+        p, want = os.path.join(path, name), entries.get(name)
+        if want is None or not os.path.isfile(p):
+            raise CheckpointError(f"{path}: {name} is missing")
+        if os.path.getsize(p) != want["bytes"]:
+            raise CheckpointError(f"{path}: {name} has {os.path.getsize(p)} bytes, the manifest says {want['bytes']}")
+        try:
+            with safe_open(p, "pt") as f:
+                f.metadata()
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{path}: {name} has an unreadable header ({e})") from None
+        if digest and file_sha256(p) != want["sha256"]:
+            raise CheckpointError(f"{path}: {name} does not match its SHA-256 in the manifest")
+    return man
+
+
+def checkpoint_steps(run_dir: str, max_step: int | None = None) -> list[tuple[int, str]]:
+    """Complete checkpoints (manifest present, sizes and headers check out), oldest first."""
+    out = []
+    for step, path, is_tmp in _dirs(run_dir):
+        if is_tmp or (max_step is not None and step > max_step):
+            continue
+        try:
+            check_checkpoint(path)
+        except CheckpointError as e:
+            log.warning("skipping checkpoint: %s", e)
+            continue
+        out.append((step, path))
+    return out
+
+
+def latest_checkpoint(run_dir: str, max_step: int) -> tuple[int, str] | None:
+    steps = checkpoint_steps(run_dir, max_step)
+    return steps[-1] if steps else None
+
+
+def prune_checkpoints(run_dir: str, keep: int, newest: int) -> list[str]:
+    """Rank 0 after saving step ``newest``: delete all but the newest ``keep`` complete checkpoints (0: keep all).
+
+    Also removes leftovers: ``.tmp`` directories of interrupted saves and
+    checkpoints past ``newest`` (from steps the ledger no longer holds). The
+    checkpoint just saved is always kept.
+    """
+    removed = []
+    complete = {s for s, _ in checkpoint_steps(run_dir, newest)}
+    kept = set(sorted(complete)[-keep:]) if keep > 0 else complete
+    kept.add(newest)
+    for step, path, is_tmp in _dirs(run_dir):
+        stale = is_tmp or step > newest
+        if stale or (keep > 0 and step not in kept):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        _fsync_dir(_ckpt_root(run_dir))
+        log.info("pruned %d checkpoint director%s", len(removed), "y" if len(removed) == 1 else "ies")
+    return removed
+
+
+def _plan(path: str, man: dict, perturber) -> dict[str, list[tuple[int, str, tuple, tuple]]]:
+    """Per saved file, the pieces this rank needs: (shard index, name, saved-relative box, target-relative box)."""
+    from safetensors import safe_open
+
+    saved: dict[str, list[tuple[str, tuple, tuple, tuple]]] = {}
+    for fname in sorted(man["files"]):
+        with safe_open(os.path.join(path, fname), "pt") as f:
+            meta = f.metadata() or {}
+            for name in f.keys():
+                info = json.loads(meta[name])
+                shape = tuple(f.get_slice(name).get_shape())
+                saved.setdefault(name, []).append((fname, tuple(info["global_shape"]), tuple(info["offset"]), shape))
+    plan: dict[str, list] = {}
+    for k, shard in enumerate(perturber.shards):
+        info = shard.info
+        boxes = {}
+        for fname, gshape, off, shape in saved.get(info.name, []):
+            if gshape != info.global_shape:
+                raise CheckpointError(f"{path}: {info.name} was saved with global shape {gshape}, the model has "
+                                      f"{info.global_shape}")
+            boxes.setdefault((off, shape), fname)  # a replicated tensor is in every tp file: read it once
+        if not boxes:
+            raise CheckpointError(f"{path}: no tensor {info.name} (saved with other es.include/es.exclude?)")
+        pieces, covered = [], 0
+        for (off, shape), fname in boxes.items():
+            lo = [max(o, t) for o, t in zip(off, info.offset)]
+            hi = [min(o + n, t + m) for o, n, t, m in zip(off, shape, info.offset, info.local_shape)]
+            if any(a >= b for a, b in zip(lo, hi)) and info.numel:
+                continue
+            pieces.append((fname, tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, off)),
+                           tuple(slice(a - t, b - t) for a, b, t in zip(lo, hi, info.offset)), lo, hi))
+            covered += math.prod(b - a for a, b in zip(lo, hi))
+        for p, q in itertools.combinations(pieces, 2):
+            if all(max(a1, a2) < min(b1, b2) for a1, b1, a2, b2 in zip(p[3], p[4], q[3], q[4])):
+                raise CheckpointError(f"{path}: saved boxes of {info.name} overlap without being equal")
+        if covered != info.numel:
+            raise CheckpointError(f"{path}: saved shards of {info.name} cover {covered} of this rank's "
+                                  f"{info.numel} elements")
+        for fname, src, dst, _, _ in pieces:
+            plan.setdefault(fname, []).append((k, info.name, src, dst))
+    return plan
+
+
+def load_checkpoint_(path: str, perturber, dims=None) -> None:
+    """Load this rank's shards from a checkpoint saved at any tp layout (reads slices, never whole files).
+
+    Every check (manifest, sizes, headers, coverage, SHA-256 of the files this
+    rank reads) runs before any weight is written; failures raise
+    :class:`CheckpointError` and leave the weights untouched.
+    """
+    from safetensors import safe_open
+
+    man = check_checkpoint(path)
+    plan = _plan(path, man, perturber)
+    check_checkpoint(path, sorted(plan), digest=True)
+    states = perturber.state_tensors()
+    with torch.no_grad():
+        for fname, pieces in plan.items():
+            with safe_open(os.path.join(path, fname), "pt") as f:
+                for k, name, src, dst in pieces:
+                    states[k][dst].copy_(f.get_slice(name)[src] if src else f.get_tensor(name))
+    perturber.load_state_(states)  # in place: copies the master back to the device, drops a stale snapshot
 
 
 def replay_(perturber, entries: list[dict]) -> None:
@@ -131,15 +259,22 @@ def replay_(perturber, entries: list[dict]) -> None:
 
 
 def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpoint: bool = True) -> int:
-    """Bring the weights to the end of ``entries``: newest checkpoint (if any, and wanted) + ledger replay.
+    """Bring the weights to the end of ``entries``: newest loadable checkpoint (if wanted) + ledger replay.
 
-    Returns the step the checkpoint covered (0 without one).
+    A checkpoint that fails its checks is skipped for the previous one; with
+    none left the replay starts from the base weights. Restoring is local to
+    each rank (no collective), so ranks may even fall back differently and
+    still agree. Returns the step the checkpoint covered (0 without one).
     """
     done = 0
-    ckpt = latest_checkpoint(run_dir, len(entries)) if use_checkpoint else None
-    if ckpt is not None:
-        done, path = ckpt
-        load_checkpoint_(path, perturber, dims)
+    for step, path in reversed(checkpoint_steps(run_dir, len(entries)) if use_checkpoint else []):
+        try:
+            load_checkpoint_(path, perturber, dims)
+        except CheckpointError as e:
+            log.warning("checkpoint of step %d not loaded, trying an older one: %s", step, e)
+            continue
+        done = step
+        break
     replay_(perturber, entries[done:])
     return done
 

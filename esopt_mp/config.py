@@ -208,9 +208,11 @@ class RunConfig:
     trajectories: bool = True  # agent objective: write run.dir/trajectories.jsonl (rank 0 group)
     degenerate_steps: int = 3  # warn loudly after this many steps in a row that learned nothing
     stop_on_degenerate: bool = False  # ... and stop with an error
+    keep_checkpoints: int = 2  # newest complete checkpoints kept after each save (0: keep all)
 
     def validate(self, key: str = "run") -> None:
         _check(self.degenerate_steps >= 1, f"{key}.degenerate_steps", f"must be >= 1, got {self.degenerate_steps}")
+        _check(self.keep_checkpoints >= 0, f"{key}.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
 
 
 @dataclasses.dataclass
@@ -239,10 +241,47 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def hash(self) -> str:
-        """Hash of what determines the weights (run.* excluded: where and how often to log)."""
+    def hash(self, model_dir: str | None = None) -> str:
+        """Hash of what determines the weights: a requeue may change anything else (layout, eval, paths).
+
+        In: ``es.*`` (seed, population, schedules, shaping, precision modes,
+        selection), ``model.dtype``, the model by content (fingerprint of
+        ``model_dir``, the resolved model directory, else of ``model.path``;
+        ``model.tiny`` when the tiny model is built), ``objective.*``, the
+        training tasks by content (SHA-256 of ``env.train_path``, or the
+        generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
+        every other ``env.*`` setting that shapes training returns, and
+        ``engine.*`` (training sampling). New fields are in by default.
+        Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
+        tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
+        test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
+        test_compiled_kernel_is_bit_identical_to_eager), held-out evaluation
+        (``env.n_eval``/``eval_path``/``eval_repeats``/``eval_temperature``:
+        training tasks never depend on them), the sandbox's isolation level
+        (``env.sandbox.level``/``min_level``: a requeue may land on a node with
+        another level; the limits stay in) and every path string.
+        """
+        from esopt_mp.identity import file_sha256, model_fingerprint
+
         d = self.to_dict()
         d.pop("run")
+        d.pop("parallel")
+        for k in ("chunk_elems", "noise_backend"):
+            d["es"].pop(k)
+        for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
+            d["env"].pop(k)
+        for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
+            d["env"]["sandbox"].pop(k, None)
+        if self.env.train_path:
+            d["env"]["train_path"] = file_sha256(self.env.train_path)
+        path = d["model"].pop("path")
+        if path:
+            d["model"].pop("tiny")
+        where = model_dir or path
+        if where and os.path.isdir(where):
+            d["model"]["content"] = model_fingerprint(where)
+        elif where:
+            d["model"]["name"] = where  # "builtin:<name>" or a hub id: a name, not a filesystem path
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -64,11 +64,13 @@ class ESTrainer:
             self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
-        self.ledger = Ledger(cfg.run.dir, cfg.hash(), dims.rank)
+        self.config_hash = cfg.hash(path)
+        self.ledger = Ledger(cfg.run.dir, self.config_hash, dims.rank)
+        self.restored_from = 0  # step of the checkpoint the resume loaded (0: none)
         self.start_step = self._resume()
         if dims.rank == 0:
             with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
-                json.dump(dict(cfg.to_dict(), base_model=path, config_hash=cfg.hash()), f, indent=1)
+                json.dump(dict(cfg.to_dict(), base_model=path, config_hash=self.config_hash), f, indent=1)
         self._stop_requested = False
         self.health = Health(cfg.run.degenerate_steps, cfg.run.stop_on_degenerate)
         log.info("ES on %d local parameters in %d tensors (%s restore, master %s), starting at step %d",
@@ -98,11 +100,10 @@ class ESTrainer:
         return path
 
     def _resume(self) -> int:
-        entries = self.ledger.read()  # raises if run.dir holds another config's ledger
+        entries = self.ledger.repair()  # raises if run.dir holds another config's ledger; cuts a torn tail
         if not entries:
             return 0
-        self.ledger.truncate_to(len(entries))
-        done = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries)
+        done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries)
         log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)
         return len(entries)
 
@@ -178,7 +179,7 @@ class ESTrainer:
             last = t + 1 == cfg.es.steps
             stop = dims.comm.any(self._stop_requested)  # one verdict for all ranks, at the step boundary
             if stop or last or (cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0):
-                save_checkpoint(cfg.run.dir, t + 1, self.perturber, dims)
+                save_checkpoint(cfg.run.dir, t + 1, self.perturber, dims, cfg.run.keep_checkpoints)
             if stop and not last:
                 log.warning("stopped after step %d on request; rerun the same command to resume", t)
                 return {"stopped_at": t + 1}

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = None,
            use_checkpoint: bool = False) -> str:
-    """Base + ledger -> HF directory; ``use_checkpoint`` starts from the newest tp=1 checkpoint instead."""
+    """Base + ledger -> HF directory; ``use_checkpoint`` starts from the newest checkpoint (any tp layout) instead."""
     from transformers import AutoTokenizer
 
     from esopt_mp.checkpoint import Ledger, export_hf, restore_run_
@@ -35,7 +35,7 @@ def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = 
     perturber = Perturber(build_shards(model, es["include"], es["exclude"]), restore=es["restore"],
                           master=es["master"], chunk_elems=es["chunk_elems"])
     entries = Ledger(run_dir, cfg["config_hash"], 0).read()[:steps]
-    restore_run_(run_dir, perturber, dims, entries, use_checkpoint and cfg["parallel"]["tp"] == 1)
+    restore_run_(run_dir, perturber, dims, entries, use_checkpoint)
     try:
         tok = AutoTokenizer.from_pretrained(base)
     except (OSError, ValueError):

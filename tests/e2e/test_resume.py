@@ -37,7 +37,7 @@ def _run(cmd):
 
 def _ledger(run_dir):
     with open(os.path.join(run_dir, "history.jsonl")) as f:
-        return [{k: v for k, v in json.loads(l).items() if k != "wall_time"} for l in f]
+        return [{k: v for k, v in json.loads(l).items() if k not in ("wall_time", "sha256")} for l in f]
 
 
 def _weights(d):
@@ -99,3 +99,49 @@ def test_bad_configs_fail_before_any_rollout(tmp_path):
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
         assert p.returncode != 0 and msg in p.stderr, (msg, p.stderr[-1500:])
     assert not (tmp_path / "b" / "base_model").exists()
+
+
+def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
+    """1x2 -> 2x1 -> 1x2 -> 1x1, each segment resuming the previous one's checkpoint (elastic load, same
+    config hash): bit-identical to one uninterrupted 1x1 run (seed_hash objective)."""
+    from esopt_mp.models import build_tiny_qwen35
+    from esopt_mp.parallel import ParallelDims
+    from esopt_mp.parallel.spawn import run_world
+    from tests.e2e.resume_workers import segment_worker
+
+    model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
+    run, one = str(tmp_path / "run"), ParallelDims(1, 1, 1)
+    segment_worker(0, 1, 1, 1, model, str(tmp_path / "ref"), str(tmp_path / "ref.pt"), 4, 4, one)
+    want = torch.load(tmp_path / "ref.pt")["state"]
+    chain = [(1, 2, 1, 0), (2, 1, 2, 1), (1, 2, 4, 2)]  # (dp, tp, stop_at, step the resume starts from)
+    for i, (dp, tp, stop, restored) in enumerate(chain):
+        out = str(tmp_path / f"seg{i}.pt")
+        run_world(dp * tp, segment_worker, dp, tp, model, run, out, 4, stop)
+        got = torch.load(out)
+        assert got["start"] == got["restored"] == restored, (dp, tp, got["start"], got["restored"])
+        assert sorted(os.listdir(os.path.join(run, "ckpt"))) == [f"step_{stop:06d}"]  # keep=1 pruned the rest
+    segment_worker(0, 1, 1, 1, model, run, str(tmp_path / "last.pt"), 4, 4, one)  # tp=2 checkpoint at 1x1
+    last = torch.load(tmp_path / "last.pt")
+    assert last["restored"] == 4
+    for got in (torch.load(tmp_path / "seg2.pt")["state"], last["state"]):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    base = load_file(os.path.join(model, "model.safetensors"))
+    assert any(not torch.equal(want[k], v) for k, v in base.items())
+
+
+def test_resume_with_another_es_config_is_refused(tmp_path):
+    from esopt_mp.ledger import LedgerError
+    from esopt_mp.models import build_tiny_qwen35
+    from esopt_mp.parallel import ParallelDims
+    from esopt_mp.trainer import ESTrainer
+    from tests.dist.workers import _cfg
+
+    model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
+    run = str(tmp_path / "run")
+    tr = ESTrainer(_cfg(1, 1, model, run, "seed_hash", 2), ParallelDims(1, 1, 1))
+    tr.step(0)
+    tr.close()
+    with pytest.raises(LedgerError, match="different configuration .*use a new run.dir or the original config"):
+        ESTrainer(_cfg(1, 1, model, run, "seed_hash", 2, population=4), ParallelDims(1, 1, 1))
+    again = ESTrainer(_cfg(1, 1, model, run, "seed_hash", 2, chunk_elems=4096), ParallelDims(1, 1, 1))
+    assert again.start_step == 1

@@ -1,0 +1,25 @@
+"""Worker body for the elastic-resume test (importable by spawned children)."""
+from __future__ import annotations
+
+import torch
+
+from esopt_mp.checkpoint import save_checkpoint
+from esopt_mp.models import full_state_dict
+from esopt_mp.parallel import discover, init_distributed
+from esopt_mp.trainer import ESTrainer
+from tests.dist.workers import _cfg
+
+
+def segment_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_dir: str, out_path: str,
+                   steps: int, stop_at: int, dims=None) -> None:
+    """Resume ``run_dir`` at layout dp x tp, run the seed_hash objective up to ``stop_at``, checkpoint, report."""
+    dims = dims or init_distributed(discover(), dp, tp)
+    trainer = ESTrainer(_cfg(dp, tp, model_path, run_dir, "seed_hash", steps, population=4), dims)
+    start, restored = trainer.start_step, trainer.restored_from
+    for t in range(start, stop_at):
+        trainer.step(t)
+    save_checkpoint(run_dir, stop_at, trainer.perturber, dims, keep=1)
+    state = full_state_dict(trainer.model)
+    trainer.close()
+    if rank == 0:
+        torch.save({"start": start, "restored": restored, "state": state}, out_path)

@@ -1,0 +1,218 @@
+"""Checkpoint durability: manifests, fallback past a damaged newest checkpoint, SIGKILL during a save,
+pruning, and elastic load across tp layouts (simulated shards, no process group)."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from esopt_mp import checkpoint as ck
+from esopt_mp.es import LocalShard, Perturber, ShardInfo, member_seed
+from esopt_mp.parallel import ParallelDims
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# name -> (global shape, dim split across tp; None: replicated)
+SPEC = {"w": ((10, 12), 0), "v": ((6, 7), 1), "b": ((12,), None)}
+DIMS = ParallelDims(1, 1, 1)
+
+
+def full_state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(shape, generator=g) for k, (shape, _) in SPEC.items()}
+
+
+def entries(n):
+    return [{"step": s, "seeds": [member_seed(5, s, i) for i in range(4)], "signs": [1, -1, 1, -1],
+             "weights": [0.5, -1.0, 0.25, 2.0], "alpha": 0.05} for s in range(n)]
+
+
+def _bounds(n, tp, r):
+    size = -(-n // tp)  # torch.chunk-style: ceil, the last part shorter
+    return min(n, r * size), min(n, (r + 1) * size)
+
+
+def perturber(state, tp=1, r=0, master="none"):
+    shards = []
+    for k, (shape, dim) in SPEC.items():
+        off, loc, t = [0] * len(shape), list(shape), state[k]
+        if dim is not None and tp > 1:
+            a, b = _bounds(shape[dim], tp, r)
+            off[dim], loc[dim] = a, b - a
+            t = t.narrow(dim, a, b - a)
+        shards.append(LocalShard(t.clone().contiguous(), ShardInfo(k, shape, tuple(off), tuple(loc))))
+    return Perturber(shards, master=master)
+
+
+def box(state, p):
+    return {s.info.name: state[s.info.name][tuple(slice(o, o + n) for o, n in zip(s.info.offset, s.info.local_shape))]
+            for s in p.shards}
+
+
+def save_layout(run_dir, step, state, tp, keep=0):
+    """What save_checkpoint does on tp ranks of dp group 0, without a process group."""
+    final = os.path.join(run_dir, "ckpt", f"step_{step:06d}")
+    os.makedirs(final + ".tmp", exist_ok=True)
+    for r in range(tp):
+        ck.write_rank_file(final + ".tmp", r, perturber(state, tp, r))
+    ck.finalize(final + ".tmp", final, step, tp)
+    ck.prune_checkpoints(run_dir, keep, step)
+    return final
+
+
+def states_at(n):
+    """Reference weights after each of the first n ledger steps (replayed on one process)."""
+    p = perturber(full_state())
+    out = [{s.info.name: s.tensor.clone() for s in p.shards}]
+    for e in entries(n):
+        ck.replay_(p, [e])
+        out.append({s.info.name: s.tensor.clone() for s in p.shards})
+    return out
+
+
+def _equal(p, want):
+    return all(torch.equal(s.tensor, want[s.info.name]) for s in p.shards)
+
+
+@pytest.mark.parametrize("save_tp,load_tp,master", [(1, 2, "none"), (2, 1, "none"), (2, 3, "none"),
+                                                    (3, 2, "fp32_host"), (4, 4, "none")])
+def test_elastic_load_assembles_each_box_from_any_layout(tmp_path, save_tp, load_tp, master):
+    ref = full_state(1)
+    path = save_layout(str(tmp_path), 3, ref, save_tp)
+    for r in range(load_tp):
+        p = perturber(full_state(2), load_tp, r, master)
+        ck.load_checkpoint_(path, p)
+        want = box(ref, p)
+        assert _equal(p, want), (save_tp, load_tp, r)
+        if master == "fp32_host":
+            assert all(torch.equal(m, want[s.info.name]) for m, s in zip(p.state_tensors(), p.shards))
+
+
+def test_load_refuses_missing_tensor_and_other_global_shape_before_writing(tmp_path):
+    path = save_layout(str(tmp_path), 1, full_state(1), 2)
+    p = perturber(full_state(2))
+    p.shards.append(LocalShard(torch.zeros(3), ShardInfo.full("extra", (3,))))
+    before = [s.tensor.clone() for s in p.shards]
+    with pytest.raises(ck.CheckpointError, match="no tensor extra"):
+        ck.load_checkpoint_(path, p)
+    assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
+    q = Perturber([LocalShard(torch.zeros(10, 13), ShardInfo.full("w", (10, 13)))])
+    with pytest.raises(ck.CheckpointError, match=r"global shape \(10, 12\)"):
+        ck.load_checkpoint_(path, q)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "missing_file", "tmp_only"])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage):
+    ref = states_at(4)
+    run = str(tmp_path)
+    save_layout(run, 2, ref[2], 2)
+    newest = save_layout(run, 4, ref[4], 2)
+    f = os.path.join(newest, "tp1.safetensors")
+    if damage == "truncate":
+        os.truncate(f, os.path.getsize(f) - 100)
+    elif damage == "flip":  # same size, valid header: only the SHA-256 sees it
+        with open(f, "r+b") as fh:
+            fh.seek(-5, os.SEEK_END)
+            b = fh.read(1)
+            fh.seek(-5, os.SEEK_END)
+            fh.write(bytes([b[0] ^ 0xFF]))
+    elif damage == "no_manifest":
+        os.remove(os.path.join(newest, ck.MANIFEST))
+    elif damage == "missing_file":
+        os.remove(f)
+    else:
+        os.rename(newest, newest + ".tmp")
+    p = perturber(full_state())
+    assert ck.restore_run_(run, p, DIMS, entries(4)) == 2
+    assert _equal(p, ref[4])
+    os.truncate(os.path.join(run, "ckpt", "step_000002", "tp0.safetensors"), 50)  # both damaged: base + replay
+    p = perturber(full_state())
+    assert ck.restore_run_(run, p, DIMS, entries(4)) == 0
+    assert _equal(p, ref[4])
+
+
+def test_prune_keeps_the_newest_and_removes_leftovers(tmp_path):
+    run = str(tmp_path)
+    st = full_state()
+    for s in (2, 4):
+        save_layout(run, s, st, 1, keep=2)
+    os.makedirs(os.path.join(run, "ckpt", "step_000003.tmp"))  # an interrupted save
+    save_layout(run, 9, st, 1, keep=0)  # a checkpoint from steps the ledger later lost
+    save_layout(run, 6, st, 1, keep=2)
+    assert sorted(os.listdir(os.path.join(run, "ckpt"))) == ["step_000004", "step_000006"]
+    save_layout(run, 8, st, 1, keep=1)
+    assert os.listdir(os.path.join(run, "ckpt")) == ["step_000008"]
+    for s in (10, 12):
+        save_layout(run, s, st, 1, keep=0)
+    assert len(os.listdir(os.path.join(run, "ckpt"))) == 3
+
+
+def test_save_checkpoint_single_rank_writes_manifest_and_prunes(tmp_path):
+    ref = states_at(3)
+    for s in (1, 2, 3):
+        ck.save_checkpoint(str(tmp_path), s, perturber(ref[s]), DIMS, keep=2)
+    assert [s for s, _ in ck.checkpoint_steps(str(tmp_path))] == [2, 3]
+    man = ck.check_checkpoint(os.path.join(tmp_path, "ckpt", "step_000003"), digest=True)
+    assert man["step"] == 3 and man["tp"] == 1 and set(man["files"]) == {"tp0.safetensors"}
+    p = perturber(full_state())
+    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(3)) == 3 and _equal(p, ref[3])
+
+
+_CHILD = r"""
+import os, shutil, signal, sys
+from esopt_mp import checkpoint as ck
+from tests.unit.test_checkpoint import DIMS, perturber, states_at
+run, point = sys.argv[1], sys.argv[2]
+ref = states_at(4)
+ck.save_checkpoint(run, 2, perturber(ref[2]), DIMS, keep=1)
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+if point == "file":
+    import safetensors.torch as st
+    real = st.save_file
+    def half(tensors, path, metadata=None):
+        real(tensors, path, metadata=metadata)
+        os.truncate(path, os.path.getsize(path) // 2)
+        die()
+    st.save_file = half
+elif point == "manifest":
+    real_json = ck._write_json
+    def torn(path, obj):
+        if path.endswith(ck.MANIFEST):
+            open(path, "w").write('{"format": 1, "files": {"tp0.safet')
+            die()
+        real_json(path, obj)
+    ck._write_json = torn
+elif point == "rename":
+    ck.os.replace = lambda a, b: die()
+elif point == "prune":
+    real_rm = shutil.rmtree
+    ck.shutil.rmtree = lambda p, *a, **k: die() if p.endswith("step_000002") else real_rm(p, *a, **k)
+ck.save_checkpoint(run, 4, perturber(ref[4]), DIMS, keep=1)
+"""
+
+
+@pytest.mark.parametrize("point,loaded", [("file", 2), ("manifest", 2), ("rename", 2), ("prune", 4)])
+def test_sigkill_during_save_resumes_exactly(tmp_path, point, loaded):
+    run = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", _CHILD, run, point], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    ref = states_at(4)
+    pert = perturber(full_state())
+    assert ck.restore_run_(run, pert, DIMS, entries(4)) == loaded
+    assert _equal(pert, ref[4])
+    ck.save_checkpoint(run, 4, pert, DIMS, keep=1)  # the resumed run saves again: leftovers go
+    assert os.listdir(os.path.join(run, "ckpt")) == ["step_000004"]
+    pert = perturber(full_state())
+    assert ck.restore_run_(run, pert, DIMS, entries(4)) == 4 and _equal(pert, ref[4])
+
+
+def test_resaving_a_step_replaces_it_and_leaves_no_leftover(tmp_path):
+    ref = states_at(2)
+    ck.save_checkpoint(str(tmp_path), 2, perturber(ref[1]), DIMS)  # e.g. from steps the ledger later lost
+    ck.save_checkpoint(str(tmp_path), 2, perturber(ref[2]), DIMS)
+    assert os.listdir(os.path.join(tmp_path, "ckpt")) == ["step_000002"]
+    p = perturber(full_state())
+    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(2)) == 2 and _equal(p, ref[2])

@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Ledger, export_hf, restore_run_, save_checkpoint
+from esopt_mp.checkpoint import Ledger, restore_run_, save_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
 from esopt_mp.models import build_shards, build_tiny_qwen35, load_model
+from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
 

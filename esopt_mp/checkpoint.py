@@ -277,29 +277,3 @@ def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpo
         break
     replay_(perturber, entries[done:])
     return done
-
-
-def export_hf(model, tokenizer, out_dir: str, dims) -> str | None:
-    """A plain HF directory (config, safetensors, tokenizer) that ``from_pretrained`` and vLLM load."""
-    from transformers import AutoModelForCausalLM
-
-    from esopt_mp.models import full_state_dict
-
-    state = full_state_dict(model)  # collective on the tp group
-    if dims.rank != 0:
-        return None
-    cfg = model.config
-    cfg = cfg.__class__.from_dict(cfg.to_dict())
-    if hasattr(cfg, "distributed_config"):
-        cfg.distributed_config = None
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(cfg)
-    plain.load_state_dict(state, assign=True, strict=True)
-    tmp = out_dir + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
-    return out_dir

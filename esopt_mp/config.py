@@ -108,6 +108,7 @@ class TinyModelConfig:
     num_hidden_layers: int = 4
     intermediate_size: int = 128
     seed: int = 0
+    tie_word_embeddings: bool = False  # Qwen3.5-4B is tied, 9B/27B are not: test both
 
 
 @dataclasses.dataclass

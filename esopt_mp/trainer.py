@@ -23,11 +23,12 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Ledger, export_hf, restore_run_, save_checkpoint
+from esopt_mp.checkpoint import Ledger, restore_run_, save_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
 from esopt_mp.models import build_shards, build_tiny_qwen35, load_model
+from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
 from esopt_mp.health import Health
@@ -91,10 +92,11 @@ class ESTrainer:
             if self.cfg.objective.name == "agent":
                 from esopt_mp.models.tiny import build_tiny_agent_base
 
-                build_tiny_agent_base(path, seed=t.seed, hidden_size=t.hidden_size,
+                build_tiny_agent_base(path, seed=t.seed, tie_word_embeddings=t.tie_word_embeddings, hidden_size=t.hidden_size,
                                       num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
             else:
-                build_tiny_qwen35(path, seed=t.seed, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+                build_tiny_qwen35(path, seed=t.seed, tie_word_embeddings=t.tie_word_embeddings,
+                                  vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                                   num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
         self.dims.comm.barrier()
         return path

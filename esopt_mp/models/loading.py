@@ -87,35 +87,68 @@ def _selected(name: str, include, exclude) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in include) and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
 
 
-def build_shards(model: torch.nn.Module, include=("*",), exclude=()) -> list[LocalShard]:
-    """Each selected parameter's local tensor with (canonical name, global shape, global slice).
+def _local_box(name: str, d) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global offset, local shape) of a DTensor's local tensor; only Replicate and plain Shard are boxes.
 
-    Canonical names are the parameter names, which for transformers models are
-    the checkpoint keys ``save_pretrained`` writes. Sharded parameters are
-    DTensors: their slice comes from the placements; replicated ones cover the
-    whole tensor. ``include``/``exclude`` are glob patterns on the name.
+    ``_StridedShard`` (packed / interleaved projections) and ``Partial`` hold
+    elements that are not one box of the global tensor, so the noise slice
+    computed from an offset would be wrong; refuse them rather than guess.
     """
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+    for pl in d.placements:
+        if type(pl) not in (Replicate, Shard):
+            raise ValueError(
+                f"{name}: placement {pl!r} (of {tuple(d.placements)}) is not supported; ES noise slices need "
+                f"Replicate or Shard(dim) placements. Exclude the tensor with es.exclude or change the tp plan"
+            )
+    local_shape, offset = compute_local_shape_and_global_offset(d.shape, d.device_mesh, d.placements)
+    return tuple(offset), tuple(local_shape)
+
+
+def build_shards(model: torch.nn.Module, include=("*",), exclude=(), names=None) -> list[LocalShard]:
+    """Each selected parameter's local tensor with (canonical name, global shape, global slice).
+
+    Canonical names are the keys of the checkpoint the model was loaded from
+    (``names``: a :class:`~esopt_mp.models.names.CheckpointNames`, by default
+    built from ``model.name_or_path``), which may differ from module names
+    after transformers' load-time renaming. ``include``/``exclude`` are glob
+    patterns on the canonical name. Tied parameters appear once (the tensor
+    under its first module name). Sharded parameters are DTensors: their slice
+    comes from the placements; replicated ones cover the whole tensor.
+    """
+    from esopt_mp.models.names import checkpoint_names
+
+    names = checkpoint_names(model) if names is None else names
     shards = []
-    for name, p in model.named_parameters():
+    for module_name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
+        d = _as_dtensor(p)
+        box = _local_box(module_name, d) if d is not None else None
+        name = names[module_name]
         if not _selected(name, include, exclude):
             continue
-        d = _as_dtensor(p)
         if d is None:
             shards.append(LocalShard(p.data, ShardInfo.full(name, p.shape)))
-            continue
-        local_shape, offset = compute_local_shape_and_global_offset(d.shape, d.device_mesh, d.placements)
-        shards.append(LocalShard(d.to_local(), ShardInfo(name, tuple(d.shape), tuple(offset), tuple(local_shape))))
+        else:
+            offset, local_shape = box
+            shards.append(LocalShard(d.to_local(), ShardInfo(name, tuple(d.shape), offset, local_shape)))
     if not shards:
-        raise ValueError(f"no parameter matches include={list(include)} exclude={list(exclude)}")
+        raise ValueError(f"es.include={list(include)} / es.exclude={list(exclude)} select no parameter")
     return shards
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded parameters on CPU (a collective on the tp group when the model is sharded)."""
-    out = {}
-    for name, p in model.named_parameters():
-        d = _as_dtensor(p)
-        out[name] = (d.full_tensor() if d is not None else p.data).detach().cpu().clone()
+    """Every state-dict entry unsharded on CPU, tied ones included (a collective per sharded tensor).
+
+    For tests and small models: it holds the whole model in host memory on
+    every rank; exports stream instead (:mod:`esopt_mp.models.export`).
+    """
+    out, seen = {}, {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        d = _as_dtensor(t)
+        key = id(t)  # a tied entry is the same Parameter object
+        if key not in seen:
+            seen[key] = (d.full_tensor() if d is not None else t.data).detach().cpu().clone()
+        out[name] = seen[key]
     return out

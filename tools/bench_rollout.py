@@ -15,7 +15,7 @@ Presence penalty is off so every variant is plain argmax and must play the same 
 - ``generate_loop``: episodes one after another, each turn ``model.generate`` on the full
   history (the reference ES code's rollout).
 
-Usage: python tools/bench_rollout.py [--episodes 32] [--turns 6] [--max-new-tokens 10]
+Usage: python tools/bench_rollout.py [--episodes 16] [--turns 6] [--max-new-tokens 10]
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def _figures(seconds, replies, extra):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=32)
+    ap.add_argument("--episodes", type=int, default=16, help="16 = the embedded default's episodes per step")
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=10, help="the token cap (configs/engine/hf.yaml)")
     args = ap.parse_args()

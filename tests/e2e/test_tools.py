@@ -25,7 +25,8 @@ def test_bench_noise_quick():
     assert set(mem) >= {"subtract", "snapshot", "snapshot+fp32_host"}
     # measured in separate processes, the modes differ by the state they keep: ~1x shard or nothing
     assert mem["subtract"]["perturb"]["retained_over_shard"] < 0.2
-    assert mem["snapshot"]["init"]["retained_over_shard"] < 0.2 < 0.8 < mem["snapshot"]["perturb"]["retained_over_shard"]
+    assert mem["snapshot"]["init"]["retained_over_shard"] < 0.2
+    assert mem["snapshot"]["perturb"]["retained_over_shard"] > 0.8
     assert mem["snapshot+fp32_host"]["init"]["retained_over_shard"] > 0.8
     assert all(mem[m][op]["extra_bytes"] >= 0 for m in ("subtract", "snapshot") for op in ("perturb", "update"))
     assert r["drift_bf16"]["snapshot"]["max_ulp"] == 0 and r["drift_bf16"]["subtract"]["max_ulp"] > 0

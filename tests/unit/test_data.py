@@ -28,7 +28,7 @@ def test_shipped_splits_and_licence(monkeypatch):
 
 def test_resolve_rules(monkeypatch, tmp_path):
     monkeypatch.delenv("ESOPT_DATA", raising=False)
-    assert resolve(None) is None and resolve("/abs/file.jsonl") == "/abs/file.jsonl" and resolve("rel.jsonl") == "rel.jsonl"
+    assert resolve(None) is None and resolve("/abs/f.jsonl") == "/abs/f.jsonl" and resolve("f.jsonl") == "f.jsonl"
     assert resolve("data:sudoku/eval.jsonl") == data_path("sudoku/eval.jsonl")
     with pytest.raises(ValueError, match="inside the data root"):
         resolve("data:../../etc/passwd")

@@ -55,7 +55,8 @@ def test_esopt_data_overrides_the_shipped_root(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match=r"env.train_path: no data file 'math/dapo_evolve.jsonl' under \$ESOPT_DATA"):
         build_config(_compose("+experiment=math_4b"), 1)
     for split, first in (("dapo_evolve", 0), ("dapo_test", 100)):
-        rows = [{"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(first, first + 20)]
+        rows = [{"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)}
+                for i in range(first, first + 20)]
         path = tmp_path / "mine" / "math" / f"{split}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))

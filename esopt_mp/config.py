@@ -155,7 +155,7 @@ class EnvConfig:
     mask_count: int = 4  # sudoku H*
     show_original: bool = True  # sudoku: show the original puzzle above the current board
     hints: bool = False  # sudoku: list candidates per empty cell (a CPU-demo aid, not the paper's prompt)
-    train_path: str | None = None  # JSONL tasks; None generates them
+    train_path: str | None = None  # JSONL tasks ("data:rel" = shipped data, esopt_mp.data); None generates them
     eval_path: str | None = None
     n_train: int = 64
     n_eval: int = 32
@@ -178,9 +178,15 @@ class EnvConfig:
             _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
         _check(self.episodes_per_step <= self.n_train, f"{key}.episodes_per_step",
                f"{self.episodes_per_step} exceeds the {self.n_train} training tasks")
+        from esopt_mp.data import resolve
+
         for k in ("train_path", "eval_path"):
             p = getattr(self, k)
-            _check(p is None or os.path.exists(p), f"{key}.{k}", f"no such file: {p}")
+            try:
+                path = resolve(p)  # "data:sudoku/train.jsonl": shipped data, or under $ESOPT_DATA
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(f"{key}.{k}: {e}") from None
+            _check(path is None or os.path.exists(path), f"{key}.{k}", f"no such file: {path}")
 
 
 @dataclasses.dataclass

@@ -3,8 +3,10 @@
 Figures (all measured in this one run, so ratios are meaningful on a noisy machine):
 - noise throughput of the counter-based generator (eager and torch.compile) vs torch.randn;
 - fused update throughput for G=8 and G=32 (parameter elements/s and noise elements/s);
-- peak extra resident memory of perturb / restore / update on a >= 100M-parameter
-  model, each in a fresh subprocess, against the chunk size;
+- peak extra resident memory of perturb / restore / update on a >= 100M-parameter fp32
+  model for each precision mode (subtract; snapshot; snapshot + fp32_host master), each mode
+  in a fresh subprocess, against the shard size (the mode's state) and the chunk size (the
+  op's transient); measured with VmHWM, reset before every op;
 - drift of 1000 bf16 perturb/restore cycles with ``subtract`` (max / RMS ulp) vs ``snapshot``;
 - how far 100 updates of 1e-5 move bf16 weights with and without the fp32 host master.
 
@@ -75,8 +77,22 @@ def _reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current RSS
 
 
-def _memory_child(op: str, params_m: int, chunk: int) -> dict:
+MEMORY_MODES = {"subtract": ("subtract", "none"), "snapshot": ("snapshot", "none"),
+                "snapshot+fp32_host": ("snapshot", "fp32_host")}
+
+
+def _op_figures(rss0: int, before: int, dt: float, shard: int, chunk_bytes: int) -> dict:
+    """Peak and retained resident memory of one op, over the RSS before the Perturber existed."""
+    peak, after = _status("VmHWM"), _status("VmRSS")
+    return {"seconds": dt, "extra_bytes": peak - rss0, "extra_over_shard": (peak - rss0) / shard,
+            "transient_bytes": peak - before, "transient_over_chunk": (peak - before) / chunk_bytes,
+            "retained_bytes": after - rss0, "retained_over_shard": (after - rss0) / shard}
+
+
+def _memory_child(mode: str, params_m: int, chunk: int) -> dict:
+    """One precision mode in a fresh process: Perturber construction, perturb, restore, update."""
     torch.set_num_threads(2)
+    restore, master = MEMORY_MODES[mode]
     hidden, vocab = (1024, 32000) if params_m >= 50 else (256, 4000)
     ffn = hidden * 11 // 4
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}
@@ -92,36 +108,43 @@ def _memory_child(op: str, params_m: int, chunk: int) -> dict:
         t = torch.empty(shape)
         t.normal_(0, 0.02)  # in place: no temporaries
         shards.append(LocalShard(t, ShardInfo.full(name, shape)))
-    p = Perturber(shards, restore="subtract", chunk_elems=chunk, noise_backend="compile")
-    small = Perturber([LocalShard(torch.zeros(4096), ShardInfo.full("warm", (4096,)))], noise_backend="compile")
-    small.update([1, 2], [1, 1], [1.0, 1.0], 1.0)  # compile the kernel before measuring
+    # compile the kernel (full and tail blocks of this chunk size) before measuring: compiling allocates
+    warm = Perturber([LocalShard(torch.zeros(3 * chunk // 2 + 17), ShardInfo.full("warm", (3 * chunk // 2 + 17,)))],
+                     chunk_elems=chunk, noise_backend="compile")
+    warm.perturb(1, 1.0)
+    warm.restore()
+    warm.update([1, 2], [1, 1], [1.0, 1.0], 1.0)
+    del warm
+    n = sum(s.info.numel for s in shards)
+    shard, chunk_bytes = sum(s.tensor.numel() * s.tensor.element_size() for s in shards), 4 * chunk
     seeds = [member_seed(0, 0, i) for i in range(8)]
-    if op == "restore":
-        p.perturb(seeds[0], 1e-3)
     rss0 = _status("VmRSS")
-    _reset_peak()
-    t = time.perf_counter()
-    if op == "perturb":
-        p.perturb(seeds[0], 1e-3)
-    elif op == "restore":
-        p.restore()
-    else:
-        p.update(seeds, [1] * 8, [1.0] * 8, 1e-3)
-    dt = time.perf_counter() - t
-    extra = _status("VmHWM") - rss0
-    return {"params": p.numel, "seconds": dt, "extra_bytes": extra, "chunk_bytes": 4 * chunk,
-            "extra_over_chunk": extra / (4 * chunk)}
+    res = {"mode": mode, "restore_mode": restore, "master_mode": master, "params": n, "shard_bytes": shard,
+           "chunk_bytes": chunk_bytes}
+    ops = (("init", None), ("perturb", lambda p: p.perturb(seeds[0], 1e-3)), ("restore", lambda p: p.restore()),
+           ("update", lambda p: p.update(seeds, [1] * 8, [1.0] * 8, 1e-3)))
+    p = None
+    for op, fn in ops:
+        before = _status("VmRSS")
+        _reset_peak()
+        t = time.perf_counter()
+        if fn is None:
+            p = Perturber(shards, restore=restore, master=master, chunk_elems=chunk, noise_backend="compile")
+        else:
+            fn(p)
+        res[op] = _op_figures(rss0, before, time.perf_counter() - t, shard, chunk_bytes)
+    return res
 
 
 def bench_memory(params_m: int, chunk: int) -> dict:
+    """Each mode in its own process so one mode's allocations cannot hide in another's peak."""
     res = {}
-    for op in ("perturb", "restore", "update"):
-        cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", op, str(params_m), str(chunk)]
+    for mode in MEMORY_MODES:
+        cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", mode, str(params_m), str(chunk)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        res[op] = json.loads(out.stdout.strip().splitlines()[-1])
-    n = res["update"]["params"]
-    res["mode_state_bytes"] = {"snapshot": 4 * n, "fp32_host": 4 * n, "subtract": 0,
-                               "note": "state a precision mode keeps by design (fp32 weights here)"}
+        res[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    first = res["subtract"]
+    res.update(params=first["params"], shard_bytes=first["shard_bytes"], chunk_bytes=first["chunk_bytes"])
     return res
 
 
@@ -157,11 +180,11 @@ def bench_drift(n: int, cycles: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
-    ap.add_argument("--memory-child", nargs=3, metavar=("OP", "PARAMS_M", "CHUNK"), help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", nargs=3, metavar=("MODE", "PARAMS_M", "CHUNK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        op, params_m, chunk = args.memory_child
-        print(json.dumps(_memory_child(op, int(params_m), int(chunk))))
+        mode, params_m, chunk = args.memory_child
+        print(json.dumps(_memory_child(mode, int(params_m), int(chunk))))
         return
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     quick = args.quick

@@ -1,60 +1,135 @@
-"""Rollout throughput: the batched engine vs a per-episode ``model.generate`` loop; prefix reuse.
+"""Rollout throughput on the shipped agent: the engine vs a batched and a per-episode ``model.generate``.
 
-One JSON object, all measured in this run on the same tiny Qwen3.5 agent and the
-same 32 multi-turn 4x4 Sudoku episodes (greedy, so every variant plays the same game):
-- ``engine_reuse``: one generation batch per turn, per-conversation caches kept across turns;
-- ``engine_reencode``: the same batch, the whole history re-encoded every turn;
+One JSON object, all measured in this run on the warm-started tiny Qwen3.5 agent shipped in
+``esopt_mp/assets/tiny_agent`` playing the embedded default's 4x4 Sudoku (H*=3, candidate hints,
+6 turns), greedy with real stop conditions: ``<|im_end|>`` / ``<|endoftext|>`` and the stop
+string ``"\\n"`` (an action is one line), token cap ``engine.max_new_tokens``. Episodes end at
+different turns (solved, invalid move, turn budget), so the live batch shrinks as they finish.
+Presence penalty is off so every variant is plain argmax and must play the same games.
+
+- ``engine_reuse``: esopt_mp/engine/hf.py, one batch per turn, per-conversation caches kept
+  across turns (only what the environment added is prefilled);
+- ``engine_reencode``: the same engine re-encoding each conversation's whole history every turn;
+- ``batched_generate``: per turn, every live episode's whole history as one left-padded batch
+  through ``model.generate`` (the best a stateless batched baseline does);
 - ``generate_loop``: episodes one after another, each turn ``model.generate`` on the full
-  history (the way the reference ES code rolls out).
+  history (the reference ES code's rollout).
 
-Usage: python tools/bench_rollout.py [--episodes 32] [--turns 4]
+Usage: python tools/bench_rollout.py [--episodes 16] [--turns 6] [--max-new-tokens 10]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+AGENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "esopt_mp", "assets", "tiny_agent")
+ENV_KW = {"show_original": False, "hints": True}  # configs/env/sudoku4.yaml
+STOP = ("\n",)
 
-def _generate_loop(model, tok, tasks, turns, max_new):
-    from esopt_mp.agent.chat import IM_END, delta_text, opening_text
-    from esopt_mp.envs import make
 
-    im_end = tok.convert_tokens_to_ids(IM_END)
-    gen_tokens = prefill = 0
-    all_ids = []
-    for task in tasks:
-        env = make("sudoku", max_turns=turns)
-        msgs, _ = env.reset(task)
-        ids = tok.encode(opening_text(msgs), add_special_tokens=False)
-        for _ in range(turns):
-            prefill += len(ids)
-            out = model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False,
-                                 eos_token_id=im_end, pad_token_id=tok.pad_token_id)
-            new = out[0, len(ids):].tolist()
-            gen_tokens += len(new)
-            ids = ids + new
-            text = tok.decode([t for t in new if t != im_end])
-            msgs, _, term, trunc, _ = env.step(text)
-            if term or trunc:
+class _Play:
+    """The environment side of a rollout for the ``model.generate`` baselines (same ChatML deltas as the loop)."""
+
+    def __init__(self, tok, tasks, turns):
+        from esopt_mp.agent.chat import IM_END, opening_text
+        from esopt_mp.envs import make
+
+        self.tok, self.turns = tok, turns
+        self.im_end = tok.convert_tokens_to_ids(IM_END)
+        self.eos = {self.im_end, tok.convert_tokens_to_ids("<|endoftext|>")}
+        self.envs = [make("sudoku", max_turns=turns, **ENV_KW) for _ in tasks]
+        self.ids = [tok.encode(opening_text(env.reset(t)[0]), add_special_tokens=False)
+                    for env, t in zip(self.envs, tasks)]
+        self.n_turns = [0] * len(tasks)
+        self.replies: list[tuple[int, str]] = []  # (tokens, finish) per reply
+
+    def trim(self, new: list[int], cap: int) -> tuple[list[int], str]:
+        """The reply as the engine ends it: through the first EOS, else the stop string, else the cap."""
+        for k, t in enumerate(new):
+            if t in self.eos:
+                return new[: k + 1], "eos"
+            if any(s in self.tok.decode(new[: k + 1]) for s in STOP):
+                return new[: k + 1], "stop"
+        return new[:cap], "length"
+
+    def step(self, i: int, reply: list[int], finish: str) -> bool:
+        """Apply episode i's reply; True while it goes on."""
+        from esopt_mp.agent.chat import delta_text
+
+        self.replies.append((len(reply), finish))
+        self.ids[i] = self.ids[i] + reply
+        text = self.tok.decode([t for t in reply if t not in self.eos])
+        for s in STOP:
+            text = text[: text.find(s)] if s in text else text
+        msgs, _, term, trunc, _ = self.envs[i].step(text)
+        self.n_turns[i] += 1
+        if term or trunc or self.n_turns[i] >= self.turns:
+            return False
+        self.ids[i] += self.tok.encode(delta_text(reply[-1] == self.im_end, msgs), add_special_tokens=False)
+        return True
+
+
+_STOPPING: dict = {}
+
+
+def _gen_kwargs(tok, play, cap):
+    """Greedy, EOS ids and the stop string; the stop-string criterion is built once (it costs ~0.5 s)."""
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    if id(tok) not in _STOPPING:
+        _STOPPING[id(tok)] = StoppingCriteriaList([StopStringCriteria(tok, list(STOP))])
+    return dict(max_new_tokens=cap, do_sample=False, eos_token_id=sorted(play.eos), pad_token_id=tok.pad_token_id,
+                stopping_criteria=_STOPPING[id(tok)])
+
+
+def _generate_loop(model, tok, tasks, turns, cap):
+    play = _Play(tok, tasks, turns)
+    prefill = 0
+    for i in range(len(tasks)):
+        while True:
+            prefill += len(play.ids[i])
+            out = model.generate(torch.tensor([play.ids[i]]), **_gen_kwargs(tok, play, cap))
+            if not play.step(i, *play.trim(out[0, len(play.ids[i]):].tolist(), cap)):
                 break
-            ids += tok.encode(delta_text(new[-1] == im_end, msgs), add_special_tokens=False)
-        all_ids.append(ids)
-    return gen_tokens, prefill, all_ids
+    return play, {"prefill_tokens": prefill, "generate_calls": len(play.replies)}
+
+
+def _batched_generate(model, tok, tasks, turns, cap):
+    play = _Play(tok, tasks, turns)
+    live, prefill, padded, calls = list(range(len(tasks))), 0, 0, 0
+    while live:
+        width = max(len(play.ids[i]) for i in live)
+        pad = tok.pad_token_id
+        batch = torch.tensor([[pad] * (width - len(play.ids[i])) + play.ids[i] for i in live])
+        mask = torch.tensor([[0] * (width - len(play.ids[i])) + [1] * len(play.ids[i]) for i in live])
+        prefill += int(mask.sum())
+        padded += batch.numel()
+        out = model.generate(batch, attention_mask=mask, **_gen_kwargs(tok, play, cap))
+        calls += 1
+        live = [i for r, i in enumerate(live) if play.step(i, *play.trim(out[r, width:].tolist(), cap))]
+    return play, {"prefill_tokens": prefill, "padded_prefill_tokens": padded, "generate_calls": calls}
+
+
+def _figures(seconds, replies, extra):
+    gen = sum(n for n, _ in replies)
+    finish = collections.Counter(f for _, f in replies)
+    return {"seconds": seconds, "generated_tokens": gen, "tokens_per_s": gen / seconds, "replies": len(replies),
+            "finish": dict(finish), "cap_fraction": finish.get("length", 0) / max(1, len(replies)), **extra}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=32)
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=12)
+    ap.add_argument("--episodes", type=int, default=16, help="16 = the embedded default's episodes per step")
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=10, help="the token cap (configs/engine/hf.yaml)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     import transformers
@@ -66,38 +141,47 @@ def main() -> None:
     from esopt_mp.engine.sampling import SamplingParams
     from esopt_mp.envs import make
     from esopt_mp.envs.sudoku import generate
-    from esopt_mp.models.tiny import build_tiny_agent_base
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_agent_base(os.path.join(tmp, "agent"))
-        model = AutoModelForCausalLM.from_pretrained(path).eval()
-        tok = AutoTokenizer.from_pretrained(path)
-    tasks = generate(args.episodes, 4, size=4, seed=0)
-    cfg = AgentConfig(max_turns=args.turns, sampling=SamplingParams(temperature=0, max_new_tokens=args.max_new_tokens))
-    result = {"episodes": args.episodes, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
-              "threads": torch.get_num_threads()}
-    ids = {}
+    model = AutoModelForCausalLM.from_pretrained(AGENT).eval()
+    tok = AutoTokenizer.from_pretrained(AGENT)
+    tasks = generate(args.episodes, 3, size=4, seed=0)
+    params = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=args.max_new_tokens, stop=STOP)
+    cfg = AgentConfig(max_turns=args.turns, sampling=params)
+    result = {"model": "esopt_mp/assets/tiny_agent", "episodes": args.episodes, "turns": args.turns,
+              "max_new_tokens": args.max_new_tokens, "stop": list(STOP), "threads": torch.get_num_threads()}
+    with torch.no_grad():  # warm-up, untimed: first-call costs stay out of every variant's figure
+        envs = [make("sudoku", max_turns=args.turns, **ENV_KW) for _ in tasks[:2]]
+        run_episodes(HFEngine(model, tok), envs, tasks[:2], [0, 1], cfg)
+        _batched_generate(model, tok, tasks[:2], 1, args.max_new_tokens)
+    ids, lengths = {}, {}
     for name, reuse in (("engine_reuse", True), ("engine_reencode", False)):
         engine = HFEngine(model, tok, prefix_reuse=reuse)
-        envs = [make("sudoku", max_turns=args.turns) for _ in tasks]
+        envs = [make("sudoku", max_turns=args.turns, **ENV_KW) for _ in tasks]
         t = time.perf_counter()
         eps = run_episodes(engine, envs, tasks, list(range(len(tasks))), cfg)
         dt = time.perf_counter() - t
         ids[name] = [e.token_ids for e in eps]
-        result[name] = {"seconds": dt, "generated_tokens": engine.stats.decode_tokens,
-                        "tokens_per_s": engine.stats.decode_tokens / dt, "prefill_tokens": engine.stats.prefill_tokens,
-                        "forward_calls": engine.stats.forward_calls}
+        lengths[name] = [len(e.turns) for e in eps]
+        replies = [(tr["response_tokens"], tr["finish"]) for e in eps for tr in e.turns]
+        result[name] = _figures(dt, replies, {"prefill_tokens": engine.stats.prefill_tokens,
+                                              "forward_calls": engine.stats.forward_calls,
+                                              "mean_return": sum(e.ret for e in eps) / len(eps)})
     with torch.no_grad():
-        t = time.perf_counter()
-        gen, prefill, loop_ids = _generate_loop(model, tok, tasks, args.turns, args.max_new_tokens)
-        dt = time.perf_counter() - t
-    result["generate_loop"] = {"seconds": dt, "generated_tokens": gen, "tokens_per_s": gen / dt,
-                               "prefill_tokens": prefill}
-    result["speedup_engine_over_generate_loop"] = result["engine_reuse"]["tokens_per_s"] / (gen / dt)
+        for name, fn in (("batched_generate", _batched_generate), ("generate_loop", _generate_loop)):
+            t = time.perf_counter()
+            play, extra = fn(model, tok, tasks, args.turns, args.max_new_tokens)
+            result[name] = _figures(time.perf_counter() - t, play.replies, extra)
+            ids[name] = play.ids
+    eng = result["engine_reuse"]["tokens_per_s"]
+    result["episode_turns"] = dict(sorted(collections.Counter(lengths["engine_reuse"]).items()))
+    result["speedup_engine_over_batched_generate"] = eng / result["batched_generate"]["tokens_per_s"]
+    result["speedup_engine_over_generate_loop"] = eng / result["generate_loop"]["tokens_per_s"]
+    result["speedup_batched_generate_over_generate_loop"] = (result["batched_generate"]["tokens_per_s"]
+                                                             / result["generate_loop"]["tokens_per_s"])
     result["prefill_reduction_by_reuse"] = (result["engine_reencode"]["prefill_tokens"]
                                             / result["engine_reuse"]["prefill_tokens"])
-    result["same_games"] = {"reuse_vs_reencode": ids["engine_reuse"] == ids["engine_reencode"],
-                            "engine_vs_generate_loop": ids["engine_reuse"] == loop_ids}
+    result["same_games"] = {k: ids["engine_reuse"] == ids[k]
+                            for k in ("engine_reencode", "batched_generate", "generate_loop")}
     print(json.dumps(result))
 
 

@@ -16,6 +16,7 @@ import random
 import torch
 
 from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes, write_trajectories
+from esopt_mp.data import resolve
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.envs import make
 from esopt_mp.envs.sandbox import Sandbox
@@ -41,8 +42,9 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
 
         load = None
         gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
-    train = load(cfg.train_path, cfg.n_train) if cfg.train_path and load else gen(cfg.n_train, cfg.task_seed)
-    held = load(cfg.eval_path, cfg.n_eval) if cfg.eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1)
+    train_path, eval_path = resolve(cfg.train_path), resolve(cfg.eval_path)  # "data:..." -> the shipped file
+    train = load(train_path, cfg.n_train) if train_path and load else gen(cfg.n_train, cfg.task_seed)
+    held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1)
     key = lambda t: str(t.get("puzzle", t.get("question", t.get("seed"))))  # noqa: E731 - what makes a task
     seen = {key(t) for t in train}
     held = [t for t in held if key(t) not in seen][: cfg.n_eval]

@@ -1,10 +1,13 @@
+import json
 import os
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from esopt_mp.agent.objective import load_tasks
 from esopt_mp.config import ConfigError, build_config
+from esopt_mp.data import resolve
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 
@@ -27,17 +30,40 @@ def test_embedded_default_composes():
                                                  ("sudoku_4b_h15", "sudoku", 32), ("math_4b", "math_react", 16),
                                                  ("ahd_bpp", "heuristic", 16)])
 def test_experiment_profiles(name, env, population, monkeypatch, tmp_path):
-    data = tmp_path / "data"
-    for sub in ("sudoku/train.jsonl", "sudoku/eval.jsonl", "math/dapo_evolve.jsonl", "math/dapo_test.jsonl"):
-        (data / sub).parent.mkdir(parents=True, exist_ok=True)
-        (data / sub).write_text("")
-    monkeypatch.setenv("ESOPT_DATA", str(data))
+    """The profiles validate from a directory with no ../shared beside it: their data ships in the package."""
+    monkeypatch.delenv("ESOPT_DATA", raising=False)
+    work = tmp_path / "clone" / "cwd"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert not os.path.exists(os.path.join("..", "shared"))
     cfg = build_config(_compose(f"+experiment={name}"), 1)
     assert (cfg.env.name, cfg.es.population, cfg.model.dtype, cfg.es.master) == (env, population, "bfloat16", "fp32_host")
+    if cfg.env.train_path is not None:
+        assert cfg.env.train_path.startswith("data:")  # the hash sees the same string on every machine
+        assert os.path.isfile(resolve(cfg.env.train_path)) and os.path.isfile(resolve(cfg.env.eval_path))
     if name.startswith("sudoku"):
         hstar = {"sudoku_4b": 5, "sudoku_4b_h10": 10, "sudoku_4b_h15": 15}[name]
         assert (cfg.env.mask_count, cfg.env.max_turns) == (hstar, 3 * hstar)
         assert cfg.es.sigma.start == (7e-4 if hstar == 15 else 1e-3)
+        train, held = load_tasks(cfg.env)
+        assert len(train) == 32 and len(held) == 32 and all(t["mask_count"] == hstar for t in train)
+
+
+def test_esopt_data_overrides_the_shipped_root(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ESOPT_DATA", str(tmp_path / "mine"))
+    with pytest.raises(ConfigError, match=r"env.train_path: no data file 'math/dapo_evolve.jsonl' under \$ESOPT_DATA"):
+        build_config(_compose("+experiment=math_4b"), 1)
+    for split, first in (("dapo_evolve", 0), ("dapo_test", 100)):
+        rows = [{"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)}
+                for i in range(first, first + 20)]
+        path = tmp_path / "mine" / "math" / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = build_config(_compose("+experiment=math_4b", "env.n_train=16", "env.n_eval=4"), 1)
+    assert resolve(cfg.env.train_path) == str(tmp_path / "mine" / "math" / "dapo_evolve.jsonl")
+    train, _ = load_tasks(cfg.env)
+    assert [t["id"] for t in train] == [f"q{i}" for i in range(16)]
 
 
 def test_webarena_profile_says_what_is_missing():

@@ -3,11 +3,12 @@ import os
 
 import pytest
 
+from esopt_mp.data import data_path
 from esopt_mp.envs import make, registered
 from esopt_mp.envs.sudoku import (count_solutions, generate, is_valid_solution, load_jsonl, render_board,
                                   save_jsonl)
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "sudoku")
+SHARED = os.path.dirname(data_path("sudoku/train.jsonl"))  # shipped in esopt_mp/data
 
 
 @pytest.mark.parametrize("size,blanks", [(9, 5), (9, 10), (9, 15), (4, 4), (4, 8)])
@@ -38,7 +39,6 @@ def test_jsonl_roundtrip_and_paper_splits(tmp_path):
         load_jsonl(tmp_path / "bad.jsonl")
 
 
-@pytest.mark.skipif(not os.path.isdir(SHARED), reason="shared/data not present")
 def test_reads_the_papers_splits_as_they_are():
     for split in ("train", "eval"):
         rows = load_jsonl(os.path.join(SHARED, f"{split}.jsonl"))

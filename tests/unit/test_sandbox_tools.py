@@ -45,7 +45,8 @@ def test_math_react_episode(sandbox):
     msgs, reward, term, trunc, info = env.step(call)
     assert msgs[0]["role"] == "tool" and "42" in msgs[0]["content"] and not term
     msgs, reward, term, trunc, info = env.step("<tool_call>\n<function=python>\n<parameter=code>\nwhile True: pass\n</parameter>\n</function>\n</tool_call>")
-    assert "timeout" in msgs[0]["content"] and not term
+    # wall clock and CPU limit are both 3 s: whichever fires first, the reason is named
+    assert ("timeout" in msgs[0]["content"] or "cpu limit" in msgs[0]["content"]) and not term
     msgs, reward, term, trunc, info = env.step("The answer is \\boxed{42}")
     assert reward == 1.0 and term
     env.reset(task)
@@ -55,12 +56,10 @@ def test_math_react_episode(sandbox):
 
 
 def test_math_loader_reads_paper_splits():
+    from esopt_mp.data import data_path
     from esopt_mp.envs.math_react import load_jsonl
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "math", "aime_2026.jsonl")
-    if not os.path.exists(path):
-        pytest.skip("shared/data not present")
-    rows = load_jsonl(path)
+    rows = load_jsonl(data_path("math/aime_2026.jsonl"))
     assert len(rows) == 30 and all(r["question"] and r["answer"] for r in rows)
 
 

@@ -96,7 +96,9 @@ def _user_tasks():
 
 def _limits():
     for name, value in PLAN["rlimits"].items():
-        resource.setrlimit(getattr(resource, name), (value, value))
+        # CPU: SIGXCPU at the limit (reported as such), SIGKILL one second later if it is caught
+        hard = value + 1 if name == "RLIMIT_CPU" else value
+        resource.setrlimit(getattr(resource, name), (value, hard))
 
 
 def _drop(uid):

@@ -280,7 +280,9 @@ class TrainConfig:
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
         if self.env.train_path:
-            d["env"]["train_path"] = file_sha256(self.env.train_path)
+            from esopt_mp.data import resolve
+
+            d["env"]["train_path"] = file_sha256(resolve(self.env.train_path))
         path = d["model"].pop("path")
         if path:
             d["model"].pop("tiny")

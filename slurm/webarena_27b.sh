@@ -6,11 +6,14 @@
 #SBATCH --gpus-per-node=4
 #SBATCH --cpus-per-task=16
 #SBATCH --time=48:00:00
-#SBATCH --signal=USR1@300
+#SBATCH --signal=USR1@3600
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.out
 set -euo pipefail
+# USR1 an hour before the limit: the trainer stops at the next step boundary (all ranks agree), checkpoints and
+# exits 75, and we requeue. The lead must exceed one ES step (8 members x up to 30 turns of 27B rollouts);
+# a step cut off by the time limit is only lost work (checkpoint_every=1 + the ledger), but no requeue happens.
 export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}

@@ -2,9 +2,9 @@
 
     python tools/export_hf.py --run-dir runs/default --out runs/default/export
 
-Rebuilds the full weights on one process -- from the newest checkpoint plus the
-ledger tail when the run was tp=1, else from the base model plus the whole
-ledger (exact either way) -- and writes config, safetensors and tokenizer.
+Rebuilds the full weights on one process -- from the newest loadable checkpoint
+(saved at any tp layout) plus the ledger tail, exact -- and writes config,
+safetensors shards and tokenizer.
 """
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ sandbox, which only answers score queries; the packing and the gap are computed 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 import re
@@ -31,15 +30,19 @@ SYSTEM = ("Design a heuristic for online bin packing. Write a Python function\n"
 SEED_HEURISTIC = "def score(item, bins):\n    return -(bins - item)  # best fit\n"
 _CODE = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
 
-# Runs in the untrusted process after the code: it answers score queries and nothing else. The packing and
-# the gap are computed by the caller from these answers, so nothing the code prints or does can set its fitness,
-# and each query holds only the current item and the current feasible bins (no future item is ever sent).
-SERVER = r'''
-import base64 as _b64, json as _json, os as _os, sys as _sys
-import numpy as _np
+# Run in the untrusted process around the code: it answers score queries and nothing else. The packing and
+# the gap are computed by the caller from these answers, so nothing the code prints or does can set its fitness
+# (code that writes to the reply pipe itself only chooses bins, as score does, or sends a malformed reply:
+# FAIL_GAP), and each query holds only the current item and the current feasible bins (no future item).
+PRELUDE = r'''
+import os as _os, sys as _sys
 _proto = _os.fdopen(_os.dup(1), "w")
-_os.dup2(2, 1)  # the code's own prints go to stderr, not into the replies
+_os.dup2(2, 1)  # from here on, the code's own prints (top level included) go to stderr, not into the replies
 _sys.stdout = _sys.stderr
+'''
+SERVER = r'''
+import base64 as _b64, json as _json
+import numpy as _np
 for _line in _sys.stdin:
     _out = []
     for _item, _bins in _json.loads(_line):
@@ -49,7 +52,6 @@ for _line in _sys.stdin:
     _proto.write(_json.dumps(_out) + "\n")
     _proto.flush()
 '''
-
 
 def weibull_instances(seed: int, n_instances: int = 5, n_items: int = 500) -> list[list[int]]:
     rng = np.random.default_rng(seed)
@@ -104,7 +106,7 @@ def _decode(line: str | None) -> list[np.ndarray] | str:
         if not isinstance(out, list) or not all(isinstance(x, str) for x in out):
             return "malformed reply from score"
         return [np.frombuffer(base64.b64decode(x, validate=True), dtype="<f8") for x in out]
-    except (ValueError, TypeError, binascii.Error):
+    except Exception:  # noqa: BLE001 - the line is untrusted: deep nesting (RecursionError), junk, anything
         return "malformed reply from score"
 
 
@@ -113,7 +115,7 @@ def evaluate(code: str, instances: list[list[int]], sandbox: Sandbox) -> tuple[f
     if "def score" not in code:
         return FAIL_GAP, "no `def score(item, bins)` found", []
     line_cap = 64 + 12 * len(instances) * (1 + max((len(i) for i in instances), default=0))  # b64 of float64s
-    with sandbox.session("import numpy as np\n" + code + "\n" + SERVER) as s:
+    with sandbox.session(PRELUDE + "import numpy as np\n" + code + "\n" + SERVER) as s:
         def ask(req):
             line = s.ask(json.dumps(req), line_cap)
             return s.failure() if line is None else _decode(line)

@@ -64,8 +64,10 @@ def check_replicas(named: list[tuple[str, torch.Tensor]], dims: ParallelDims) ->
     local = torch.tensor([shard_checksum(t) for _, t in named], dtype=torch.int64)
     table = dims.comm.all_gather(local, "dp")
     drifted = [(name, table[:, i].tolist()) for i, (name, _) in enumerate(named) if not torch.all(table[:, i] == table[0, i])]
-    if drifted:
+    # drift may show on some tp ranks only: agree over the world, so every rank raises (none waits in a collective)
+    if dims.comm.any(bool(drifted)):
         lines = "; ".join(f"{name} (checksums by dp rank: {sums})" for name, sums in drifted[:10])
         raise ReplicaDriftError(
-            f"data-parallel replicas drifted (tp rank {dims.tp_rank}): {len(drifted)} tensor(s) differ: {lines}"
+            f"data-parallel replicas drifted (tp rank {dims.tp_rank}): {len(drifted)} tensor(s) differ here"
+            + (f": {lines}" if drifted else "; another tp rank's shards differ (see its error)")
         )

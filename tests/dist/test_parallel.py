@@ -62,11 +62,16 @@ def test_comm_bytes_do_not_depend_on_model_size(layout_results):
     assert 0 < b < 3 * (8 * 2 * 8 * 3 * 2 + 64 * 8 * 2)
 
 
-def test_corrupted_replica_is_named(tiny_model, tmp_path):
-    run_world(2, workers.drift_worker, tiny_model, str(tmp_path / "run"), str(tmp_path / "msg"))
-    for rank in (0, 1):
+@pytest.mark.parametrize("world", [2, 4])
+def test_corrupted_replica_is_named(tiny_model, tmp_path, world):
+    """dp=2 x tp=world/2: the shard of one tp rank drifts; every rank raises, the drifted tp ranks name it."""
+    run_world(world, workers.drift_worker, tiny_model, str(tmp_path / "run"), str(tmp_path / "msg"))
+    for rank in range(world):
         msg = torch.load(tmp_path / f"msg.{rank}")
-        assert "model.layers.1.mlp.down_proj.weight" in msg and "1 tensor(s) differ" in msg
+        if rank % (world // 2) == world // 2 - 1:  # the tp rank whose shard drifted, in both dp groups
+            assert "model.layers.1.mlp.down_proj.weight" in msg and "1 tensor(s) differ" in msg
+        else:  # its tp peers would otherwise walk on into the next collective and hang
+            assert "another tp rank's shards differ" in msg
 
 
 def test_gather_returns_from_leaders_only(tmp_path):

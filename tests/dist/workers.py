@@ -48,12 +48,13 @@ def layout_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_
 
 
 def drift_worker(rank: int, world: int, model_path: str, run_dir: str, out_path: str) -> None:
-    dims = init_distributed(discover(), 2, 1)
-    trainer = ESTrainer(_cfg(2, 1, model_path, run_dir, "seed_hash", 1), dims)
+    dp, tp = 2, world // 2
+    dims = init_distributed(discover(), dp, tp)
+    trainer = ESTrainer(_cfg(dp, tp, model_path, run_dir, "seed_hash", 1), dims)
     named = [(s.info.name, s.tensor) for s in trainer.shards]
     check_replicas(named, dims)  # identical replicas pass
     victim = "model.layers.1.mlp.down_proj.weight"
-    if rank == 1:
+    if rank == world - 1:  # dp rank 1, last tp rank: only this tp rank's shard drifts
         t = dict(named)[victim]
         t.view(-1)[17] += 1e-3
     try:

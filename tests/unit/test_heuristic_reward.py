@@ -36,9 +36,10 @@ def test_best_fit_and_a_better_heuristic(env):
 
 @pytest.mark.parametrize("code,reason", [
     ("import os\nprint('{\"bins\":[1,1]}', flush=True)\nos._exit(0)\ndef score(item, bins):\n    return bins\n",
-     "malformed reply"),
-    ("import sys\nsys.stdout.write('[\"AAAAAAAA8D8=\"]\\n')\nsys.stdout.flush()\ndef score(item, bins):\n    return bins\n",
-     ""),  # a forged reply line before any query: fails or is harmless, never better than honest
+     "stopped answering"),  # the issue's attack: its print goes to stderr, its exit ends the answers
+    ("_proto.write('[' * 3000 + '\\n')\n_proto.flush()\ndef score(item, bins):\n    return bins\n",
+     "malformed reply"),  # a reply crafted to crash the parser (RecursionError) is a failure, not an exception
+    ("import os\nos.write(3, b'{\"bins\": [1, 1]}\\n')\ndef score(item, bins):\n    return bins\n", ""),
     ("def score(item, bins):\n    return bins[:1]\n", "shape"),
     ("def score(item, bins):\n    return bins * float('nan')\n", "non-finite"),
     ("import time\ndef score(item, bins):\n    time.sleep(60)\n", "timeout"),
@@ -47,6 +48,14 @@ def test_best_fit_and_a_better_heuristic(env):
 def test_forged_or_broken_answers_score_as_failure(env, code, reason):
     info = gap(env, code)
     assert info["gap"] == FAIL_GAP and reason in info["error"], info
+
+
+def test_a_forged_reply_on_stdout_changes_nothing(env):
+    """A well-formed reply printed before any query goes to stderr: the code scores exactly as without it."""
+    worst = "def score(item, bins):\n    return bins\n"
+    forged = "import sys\nsys.stdout.write('[\"AAAAAAAA8D8=\"]\\n')\nsys.stdout.flush()\n" + worst
+    honest = gap(env, worst)
+    assert honest["error"] is None and gap(env, forged) == honest
 
 
 def test_future_items_are_never_sent():

@@ -136,7 +136,7 @@ class Running:
                     text = bytes(self.out[:i])
                     del self.out[:i + 1]
                     return text.decode(errors="replace")
-                if self.error or self.closed["out"] or self.proc.poll() is not None or len(self.out) > max_bytes:
+                if self.error or self.closed["out"] or len(self.out) > max_bytes:  # EOF, not exit: read what it sent
                     return None
                 self.cond.wait(0.05)
 

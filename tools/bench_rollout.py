@@ -163,9 +163,8 @@ def main() -> None:
         ids[name] = [e.token_ids for e in eps]
         lengths[name] = [len(e.turns) for e in eps]
         replies = [(tr["response_tokens"], tr["finish"]) for e in eps for tr in e.turns]
-        result[name] = _figures(dt, replies, {"prefill_tokens": engine.stats.prefill_tokens,
-                                              "forward_calls": engine.stats.forward_calls,
-                                              "mean_return": sum(e.ret for e in eps) / len(eps)})
+        stats = {k: v for k, v in vars(engine.stats).items() if k != "decode_tokens"}  # prefill plan used
+        result[name] = _figures(dt, replies, {**stats, "mean_return": sum(e.ret for e in eps) / len(eps)})
     with torch.no_grad():
         for name, fn in (("batched_generate", _batched_generate), ("generate_loop", _generate_loop)):
             t = time.perf_counter()

@@ -15,7 +15,10 @@ Presence penalty is off so every variant is plain argmax and must play the same 
 - ``generate_loop``: episodes one after another, each turn ``model.generate`` on the full
   history (the reference ES code's rollout).
 
-Usage: python tools/bench_rollout.py [--episodes 16] [--turns 6] [--max-new-tokens 10]
+``seconds`` is each variant's best of ``--repeats`` interleaved rounds: on a shared machine one
+~1 s sample per variant swung the ratios tenfold between runs.
+
+Usage: python tools/bench_rollout.py [--episodes 16] [--turns 6] [--max-new-tokens 10] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -130,6 +133,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16, help="16 = the embedded default's episodes per step")
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=10, help="the token cap (configs/engine/hf.yaml)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed rounds; each variant's best (least disturbed) wall time is reported")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     import transformers
@@ -148,32 +153,45 @@ def main() -> None:
     params = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=args.max_new_tokens, stop=STOP)
     cfg = AgentConfig(max_turns=args.turns, sampling=params)
     result = {"model": "esopt_mp/assets/tiny_agent", "episodes": args.episodes, "turns": args.turns,
-              "max_new_tokens": args.max_new_tokens, "stop": list(STOP), "threads": torch.get_num_threads()}
+              "max_new_tokens": args.max_new_tokens, "stop": list(STOP), "threads": torch.get_num_threads(),
+              "repeats": args.repeats}
     with torch.no_grad():  # warm-up, untimed: first-call costs stay out of every variant's figure
         envs = [make("sudoku", max_turns=args.turns, **ENV_KW) for _ in tasks[:2]]
         run_episodes(HFEngine(model, tok), envs, tasks[:2], [0, 1], cfg)
         _batched_generate(model, tok, tasks[:2], 1, args.max_new_tokens)
-    ids, lengths = {}, {}
-    for name, reuse in (("engine_reuse", True), ("engine_reencode", False)):
-        engine = HFEngine(model, tok, prefix_reuse=reuse)
-        envs = [make("sudoku", max_turns=args.turns, **ENV_KW) for _ in tasks]
-        t = time.perf_counter()
-        eps = run_episodes(engine, envs, tasks, list(range(len(tasks))), cfg)
-        dt = time.perf_counter() - t
-        ids[name] = [e.token_ids for e in eps]
-        lengths[name] = [len(e.turns) for e in eps]
-        replies = [(tr["response_tokens"], tr["finish"]) for e in eps for tr in e.turns]
-        result[name] = _figures(dt, replies, {"prefill_tokens": engine.stats.prefill_tokens,
-                                              "forward_calls": engine.stats.forward_calls,
-                                              "mean_return": sum(e.ret for e in eps) / len(eps)})
-    with torch.no_grad():
-        for name, fn in (("batched_generate", _batched_generate), ("generate_loop", _generate_loop)):
-            t = time.perf_counter()
+    def engine_variant(reuse):
+        def run():
+            engine = HFEngine(model, tok, prefix_reuse=reuse)
+            envs = [make("sudoku", max_turns=args.turns, **ENV_KW) for _ in tasks]
+            eps = run_episodes(engine, envs, tasks, list(range(len(tasks))), cfg)
+            replies = [(tr["response_tokens"], tr["finish"]) for e in eps for tr in e.turns]
+            stats = {k: v for k, v in vars(engine.stats).items() if k != "decode_tokens"}  # prefill plan used
+            extra = {**stats, "mean_return": sum(e.ret for e in eps) / len(eps)}
+            return replies, extra, [e.token_ids for e in eps], [len(e.turns) for e in eps]
+        return run
+
+    def generate_variant(fn):
+        def run():
             play, extra = fn(model, tok, tasks, args.turns, args.max_new_tokens)
-            result[name] = _figures(time.perf_counter() - t, play.replies, extra)
-            ids[name] = play.ids
+            return play.replies, extra, play.ids, None
+        return run
+
+    variants = {"engine_reuse": engine_variant(True), "engine_reencode": engine_variant(False),
+                "batched_generate": generate_variant(_batched_generate),
+                "generate_loop": generate_variant(_generate_loop)}
+    best, runs = {}, {}
+    with torch.no_grad():
+        for _ in range(args.repeats):  # rounds over all variants, so each sees the machine's load alike
+            for name, run in variants.items():
+                t = time.perf_counter()
+                runs[name] = run()
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - t)
+    ids = {name: r[2] for name, r in runs.items()}
+    for name, (replies, extra, _, _) in runs.items():
+        result[name] = _figures(best[name], replies, extra)
+    lengths = runs["engine_reuse"][3]
     eng = result["engine_reuse"]["tokens_per_s"]
-    result["episode_turns"] = dict(sorted(collections.Counter(lengths["engine_reuse"]).items()))
+    result["episode_turns"] = dict(sorted(collections.Counter(lengths).items()))
     result["speedup_engine_over_batched_generate"] = eng / result["batched_generate"]["tokens_per_s"]
     result["speedup_engine_over_generate_loop"] = eng / result["generate_loop"]["tokens_per_s"]
     result["speedup_batched_generate_over_generate_loop"] = (result["batched_generate"]["tokens_per_s"]

@@ -1,11 +1,11 @@
 """Row operations on transformers' DynamicCache: select, stack (left-padded), extract.
 
-Prefix reuse keeps one cache per conversation. A turn prefills each
-conversation's new tokens on its own cache (no padding ever passes through a
-recurrent layer), then decodes all live conversations as one batch: their
-caches are stacked -- attention keys/values left-padded to a common length and
+Prefix reuse keeps one cache per conversation. Conversations that add equally
+many tokens are prefilled together, and all live ones decode together, on a
+stacked cache -- attention keys/values left-padded to a common length and
 masked, linear-attention (Gated DeltaNet) conv and recurrent states
-concatenated -- and split again when a conversation stops.
+concatenated, so no padding passes through a recurrent layer -- split again
+per conversation afterwards (esopt_mp/engine/prefill.py says why).
 """
 from __future__ import annotations
 

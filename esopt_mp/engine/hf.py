@@ -3,7 +3,10 @@
 Each conversation keeps its own KV/recurrent cache between turns (prefix
 reuse): a turn prefills only the tokens added since the last turn, then all
 live conversations decode as one batch with per-row positions, a left-padding
-mask, and per-row sampling generators. A conversation leaves the batch as soon
+mask, and per-row sampling generators. Prefill is batched where that is exact
+(see :mod:`esopt_mp.engine.prefill`): conversations without a cache as one
+left-padded batch, continuing ones in groups adding equally many tokens, and a
+cost model re-encodes whole groups when that is cheaper than one more forward. A conversation leaves the batch as soon
 as it stops (EOS, a stop string, or its token budget), so finished rows cost
 nothing. With ``prefix_reuse=False`` every turn re-encodes the whole history
 (the baseline the benchmark compares against).
@@ -16,6 +19,7 @@ import time
 import torch
 
 from esopt_mp.engine.cache import extract_row, select_rows, stack
+from esopt_mp.engine.prefill import plan_prefill
 from esopt_mp.engine.sampling import SamplingParams, sample
 
 
@@ -39,18 +43,29 @@ class Generation:
 
 @dataclasses.dataclass
 class EngineStats:
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # real tokens prefilled
     decode_tokens: int = 0
     forward_calls: int = 0
+    prefill_calls: int = 0
+    prefill_padded_tokens: int = 0  # tokens the prefill forwards processed, padding included
+    reencoded_rows: int = 0  # rows prefilled from an empty cache (first turn, no reuse, or chosen by cost)
+    delta_rows: int = 0  # rows prefilled from their own cache (only the new tokens)
 
     def reset(self):
-        self.prefill_tokens = self.decode_tokens = self.forward_calls = 0
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, 0)
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, *, prefix_reuse: bool = True, eos_token_ids=None):
+    def __init__(self, model, tokenizer, *, prefix_reuse: bool = True, eos_token_ids=None,
+                 prefill_call_tokens: int = 256):
+        """``prefill_call_tokens``: what one forward call costs in prefilled tokens (the prefill plan's cost model)."""
+        if not isinstance(prefill_call_tokens, int) or prefill_call_tokens < 0:
+            raise ValueError(f"engine.prefill_call_tokens must be an int >= 0, got {prefill_call_tokens!r}")
         self.model, self.tokenizer = model, tokenizer
         self.prefix_reuse = prefix_reuse
+        self.prefill_call_tokens = prefill_call_tokens
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.device = next(model.parameters()).device
         eos = set(eos_token_ids or [])
         for tok in ("<|im_end|>", "<|endoftext|>"):
@@ -74,35 +89,75 @@ class HFEngine:
 
     def _forward(self, ids: torch.Tensor, cache, positions: torch.Tensor, mask: torch.Tensor | None):
         self.stats.forward_calls += 1
-        out = self.model(input_ids=ids.to(self.device), cache=cache, use_cache=True,
+        out = self.model(input_ids=ids.to(self.device), cache=cache, use_cache=True, logits_to_keep=1,
                          position_ids=positions.to(self.device),
                          attention_mask=None if mask is None else mask.to(self.device))
         logits = out.logits[:, -1]
         return logits.full_tensor() if hasattr(logits, "full_tensor") else logits
 
-    def _prefill(self, conv: Conversation) -> torch.Tensor:
-        if not (self.prefix_reuse and conv.cache is not None):
-            conv.cache, conv.cached = self._new_cache(), 0
-        new = conv.ids[conv.cached:]
-        if not new:
-            raise ValueError(f"conversation {conv.cid}: nothing to prefill")
-        pos = torch.arange(conv.cached, conv.cached + len(new))[None]
-        logits = self._forward(torch.tensor([new]), conv.cache, pos, None)
-        self.stats.prefill_tokens += len(new)
-        conv.cached = len(conv.ids)
-        return logits[0]
+    def _prefill_forward(self, convs: list[Conversation], ids: list[list[int]], cache, pads: list[int],
+                         positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """One prefill forward for ``convs``; each gets its own batch-1 cache back."""
+        logits = self._forward(torch.tensor(ids), cache, positions, mask)
+        self.stats.prefill_calls += 1
+        self.stats.prefill_padded_tokens += len(ids) * len(ids[0])
+        for j, conv in enumerate(convs):
+            conv.cache = cache if len(convs) == 1 else extract_row(cache, j, pads[j])
+            conv.cached = len(conv.ids)
+        return logits
+
+    def _reencode(self, convs: list[Conversation]) -> torch.Tensor:
+        """Whole histories from an empty cache, left-padded like ``model.generate`` (exact, see prefill.py)."""
+        width = max(len(c.ids) for c in convs)
+        pads = [width - len(c.ids) for c in convs]
+        mask = (torch.arange(width)[None] >= torch.tensor(pads)[:, None]).long()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.stats.reencoded_rows += len(convs)
+        return self._prefill_forward(convs, [[self.pad_id] * p + c.ids for c, p in zip(convs, pads)],
+                                     self._new_cache(), pads, positions, mask if any(pads) else None)
+
+    def _delta(self, convs: list[Conversation], n: int) -> torch.Tensor:
+        """The last ``n`` tokens of each conversation on its own cache, all rows in one batch (no padding)."""
+        cached = [c.cached for c in convs]
+        if len(convs) == 1:
+            cache, pads = convs[0].cache, [0]
+        else:
+            cache, pads = stack([c.cache for c in convs], cached)
+        mask = None
+        if any(pads):
+            mask = torch.cat([torch.arange(max(cached))[None] >= torch.tensor(pads)[:, None],
+                              torch.ones(len(convs), n, dtype=torch.bool)], 1).long()
+        positions = torch.tensor(cached)[:, None] + torch.arange(n)[None]
+        self.stats.delta_rows += len(convs)
+        return self._prefill_forward(convs, [c.ids[c.cached:] for c in convs], cache, pads, positions, mask)
+
+    def _prefill(self, convs: list[Conversation]) -> tuple[list[torch.Tensor], list[int]]:
+        """Each conversation's last-position logits after feeding what its cache lacks, and the tokens fed."""
+        for c in convs:
+            if not c.ids:
+                raise ValueError(f"conversation {c.cid}: nothing to prefill")
+        cached = [c.cached if self.prefix_reuse and c.cache is not None else 0 for c in convs]
+        plan = plan_prefill([len(c.ids) for c in convs], cached, self.prefill_call_tokens)
+        fed = [len(c.ids) - k for c, k in zip(convs, cached)]
+        for i in plan.reencode:
+            fed[i] = len(convs[i].ids)
+        last: list[torch.Tensor | None] = [None] * len(convs)
+        batches = ([(plan.reencode, self._reencode, ())] if plan.reencode else []) + \
+                  [(rows, self._delta, (n,)) for n, rows in plan.groups]
+        for rows, fn, args in batches:
+            logits = fn([convs[i] for i in rows], *args)
+            for j, i in enumerate(rows):
+                last[i] = logits[j]
+        self.stats.prefill_tokens += sum(fed)
+        return last, fed
 
     @torch.no_grad()
     def generate(self, convs: list[Conversation], new_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Append ``new_ids`` to each conversation and generate one reply each, batched."""
         t0 = time.perf_counter()
-        prefill = []
-        last = []
         for conv, ids in zip(convs, new_ids):
             conv.ids.extend(ids)
-            before = self.stats.prefill_tokens
-            last.append(self._prefill(conv))
-            prefill.append(self.stats.prefill_tokens - before)
+        last, prefill = self._prefill(convs)
         results: list[Generation | None] = [None] * len(convs)
         active = list(range(len(convs)))
         generated = [[] for _ in convs]

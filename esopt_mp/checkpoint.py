@@ -24,12 +24,12 @@ import shutil
 import torch
 
 from esopt_mp.identity import file_sha256
-from esopt_mp.ledger import LEDGER, Ledger, LedgerError, _fsync_dir
+from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = 1
-__all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "save_checkpoint", "latest_checkpoint",
+__all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "save_checkpoint",
            "checkpoint_steps", "load_checkpoint_", "prune_checkpoints", "replay_", "restore_run_"]
 
 
@@ -80,12 +80,12 @@ def finalize(tmp: str, final: str, step: int, tp: int) -> None:
     _write_json(os.path.join(tmp, MANIFEST), {"format": FORMAT, "step": step, "tp": tp, "files": files})
     for r in range(tp):
         os.remove(os.path.join(tmp, f"tp{r}.sum.json"))
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if os.path.exists(final):  # a re-save of this step: move the old one aside, drop it after the rename
         shutil.rmtree(final + ".old", ignore_errors=True)
         os.replace(final, final + ".old")
     os.replace(tmp, final)
-    _fsync_dir(os.path.dirname(final))
+    fsync_dir(os.path.dirname(final))
     shutil.rmtree(final + ".old", ignore_errors=True)
 
 
@@ -97,7 +97,7 @@ def save_checkpoint(run_dir: str, step: int, perturber, dims, keep: int = 0) -> 
     if dims.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp, exist_ok=True)
-        _fsync_dir(root)
+        fsync_dir(root)
     dims.comm.barrier()
     if dims.dp_rank == 0:
         write_rank_file(tmp, dims.tp_rank, perturber)
@@ -161,11 +161,6 @@ def checkpoint_steps(run_dir: str, max_step: int | None = None) -> list[tuple[in
     return out
 
 
-def latest_checkpoint(run_dir: str, max_step: int) -> tuple[int, str] | None:
-    steps = checkpoint_steps(run_dir, max_step)
-    return steps[-1] if steps else None
-
-
 def prune_checkpoints(run_dir: str, keep: int, newest: int) -> list[str]:
     """Rank 0 after saving step ``newest``: delete all but the newest ``keep`` complete checkpoints (0: keep all).
 
@@ -183,7 +178,7 @@ def prune_checkpoints(run_dir: str, keep: int, newest: int) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if removed:
-        _fsync_dir(_ckpt_root(run_dir))
+        fsync_dir(_ckpt_root(run_dir))
         log.info("pruned %d checkpoint director%s", len(removed), "y" if len(removed) == 1 else "ies")
     return removed
 

@@ -38,17 +38,15 @@ class Health:
         finite = r[np.isfinite(r)]
         if finite.size == 0:
             reason = f"all {r.size} returns are NaN: every episode failed"
-            if errors:
-                reason += "; sample errors: " + " | ".join(errors)
         elif np.all(w == 0):
             value = float(finite[0]) if np.all(finite == finite[0]) else math.nan
             reason = (f"all {finite.size} finite returns are equal ({value:g})" if not math.isnan(value)
                       else "all shaped weights are zero") + ": the update is a no-op"
-            if errors:
-                reason += "; sample errors: " + " | ".join(errors)
         else:
             self.streak = 0
             return None
+        if errors:
+            reason += "; sample errors: " + " | ".join(errors)
         self.streak += 1
         if finite.size == 0 or self.streak >= self.k:
             log.error("!!! step %d learned nothing (%d step(s) in a row): %s", step, self.streak, reason)

@@ -122,21 +122,6 @@ class Ledger:
             self._next = len(entries)
         return entries
 
-    def truncate_to(self, n: int) -> None:
-        """Keep the first ``n`` valid records (rank 0); drops a torn tail too."""
-        entries = self.repair()
-        if self.rank != 0 or n >= len(entries):
-            return
-        keep = b"".join(encode_record({k: v for k, v in e.items() if k != "sha256"}) for e in entries[:n])
-        tmp = self.path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(os.path.dirname(self.path))
-        self._next = n
-
     def append(self, entry: dict) -> None:
         """Write + fsync one record on rank 0, after removing any torn tail; its step must be the next one."""
         if self.rank != 0:
@@ -152,11 +137,11 @@ class Ledger:
             f.flush()
             os.fsync(f.fileno())
         if created:
-            _fsync_dir(os.path.dirname(self.path))
+            fsync_dir(os.path.dirname(self.path))
         self._next += 1
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path or ".", os.O_RDONLY)
     try:
         os.fsync(fd)

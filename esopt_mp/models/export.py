@@ -22,17 +22,13 @@ import shutil
 
 import torch
 
+from esopt_mp.models.loading import _as_dtensor
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 WEIGHTS_PATTERN = "model{suffix}.safetensors"
 INDEX = "model.safetensors.index.json"
-
-
-def _dtensor(t):
-    from torch.distributed.tensor import DTensor
-
-    return t if isinstance(t, DTensor) else None
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -101,7 +97,7 @@ def export_hf(model, tokenizer, out_dir: str, dims, max_shard_bytes: int = DEFAU
         shard = {}
         for key in keys:  # the same order on every tp rank: each gather is a collective
             t = entries[key]
-            d = _dtensor(t)
+            d = _as_dtensor(t)
             full = d.full_tensor() if d is not None else t
             if writer:
                 shard[key] = full.detach().to("cpu").contiguous()

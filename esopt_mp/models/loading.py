@@ -123,15 +123,14 @@ def build_shards(model: torch.nn.Module, include=("*",), exclude=(), names=None)
     names = checkpoint_names(model) if names is None else names
     shards = []
     for module_name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
-        d = _as_dtensor(p)
-        box = _local_box(module_name, d) if d is not None else None
         name = names[module_name]
         if not _selected(name, include, exclude):
             continue
+        d = _as_dtensor(p)
         if d is None:
             shards.append(LocalShard(p.data, ShardInfo.full(name, p.shape)))
         else:
-            offset, local_shape = box
+            offset, local_shape = _local_box(module_name, d)
             shards.append(LocalShard(d.to_local(), ShardInfo(name, tuple(d.shape), offset, local_shape)))
     if not shards:
         raise ValueError(f"es.include={list(include)} / es.exclude={list(exclude)} select no parameter")

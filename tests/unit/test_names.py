@@ -97,5 +97,9 @@ def test_strided_and_partial_placements_are_refused():
         for placement, label in ((_StridedShard(0, split_factor=2), "_StridedShard"), (Partial(), "Partial")):
             with pytest.raises(ValueError, match=rf"^w: placement {label}"):
                 build_shards(module(placement), names={"w": "layers.0.w"})
+            m = module(placement)  # es.exclude, as the error suggests, leaves such a tensor out
+            m.v = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+            kept = build_shards(m, exclude=["layers.0.w"], names={"w": "layers.0.w", "v": "v"})
+            assert [s.info.name for s in kept] == ["v"]
     finally:
         dist.destroy_process_group()

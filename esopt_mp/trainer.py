@@ -36,6 +36,13 @@ from esopt_mp.health import Health
 log = logging.getLogger(__name__)
 
 
+def _since(t0: float) -> float:
+    """Seconds since ``t0``, after the device's queued kernels finished (CUDA ops return before they run)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def _schedule(cfg, steps: int) -> Schedule:
     return Schedule(cfg.kind, cfg.start, cfg.end, cfg.steps or steps)
 
@@ -125,9 +132,12 @@ class ESTrainer:
         seeds, signs = population(es.seed, t, es.population, es.mirrored)
         sigma, alpha = self.sigma(t), self.alpha(t)
         local = {}
+        perturb_s = restore_s = 0.0  # ES's own cost inside the step, beside the rollouts (tools/bench.py)
         for m in tqdm(dims.members(es.population), desc=f"step {t} members", leave=False,
                       disable=dims.rank != 0 or es.population < 4):
+            t1 = time.perf_counter()
             self.perturber.perturb(seeds[m], sigma, signs[m])
+            perturb_s += _since(t1)
             try:
                 local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m]))
             except Exception as e:
@@ -137,11 +147,15 @@ class ESTrainer:
                 self.health.note_error(f"member {m}: {type(e).__name__}: {e}")
                 local[m] = math.nan
             finally:
+                t1 = time.perf_counter()
                 self.perturber.restore()
+                restore_s += _since(t1)
         t_eval = time.perf_counter()
         returns = gather_returns(local, es.population, dims)
         weights = shape_returns(returns, es.shaping)
+        t1 = time.perf_counter()
         self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
+        update_s = _since(t1)
         if self.cfg.parallel.checksum_every and (t + 1) % self.cfg.parallel.checksum_every == 0:
             check_replicas([(s.info.name, s.tensor) for s in self.shards], dims)
         ok = [float(r) for r in returns if not math.isnan(r)]
@@ -155,6 +169,7 @@ class ESTrainer:
         return {"step": t, "sigma": sigma, "alpha": alpha,
                 "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
                 "failed": es.population - len(ok), "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
+                "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
                 "comm_bytes_total": self.comm.total}
 
     def _on_signal(self, signum, frame):

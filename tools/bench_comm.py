@@ -41,6 +41,19 @@ def lo_counters() -> tuple[int, int]:
     raise RuntimeError("no 'lo' interface in /proc/net/dev")
 
 
+def reexec_in_netns() -> None:
+    """Re-run this command (``sys.argv``) in a private network namespace and exit with its status, so the
+    loopback counters see only its own traffic; returns when already inside one or when not allowed."""
+    if os.environ.get("ESOPT_BENCH_NETNS") is not None or not shutil.which("unshare"):
+        return
+    unshare = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--net", "--map-root-user"]
+    if subprocess.run([*unshare, "ip", "link", "set", "lo", "up"], capture_output=True).returncode == 0:
+        inner = f"ip link set lo up && exec {sys.executable} {' '.join(map(repr, sys.argv))}"
+        env = dict(os.environ, ESOPT_BENCH_NETNS="1")
+        sys.exit(subprocess.run([*unshare, "sh", "-c", inner], env=env).returncode)
+    print("unshare --net is not allowed here; measuring on the shared loopback", file=sys.stderr)
+
+
 def _worker(rank, world, dp, tp, steps, run_dir, out):
     from esopt_mp.config import build_config
     from esopt_mp.parallel import discover, init_distributed
@@ -116,13 +129,8 @@ def main() -> None:
     ap.add_argument("--layouts", default="2x2,4x1", help="comma-separated DPxTP")
     ap.add_argument("--no-netns", action="store_true", help="measure on the shared loopback")
     args = ap.parse_args()
-    if not args.no_netns and os.environ.get("ESOPT_BENCH_NETNS") is None and shutil.which("unshare"):
-        unshare = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--net", "--map-root-user"]
-        if subprocess.run([*unshare, "ip", "link", "set", "lo", "up"], capture_output=True).returncode == 0:
-            inner = f"ip link set lo up && exec {sys.executable} {' '.join(map(repr, sys.argv))}"
-            env = dict(os.environ, ESOPT_BENCH_NETNS="1")
-            sys.exit(subprocess.run([*unshare, "sh", "-c", inner], env=env).returncode)
-        print("unshare --net is not allowed here; measuring on the shared loopback", file=sys.stderr)
+    if not args.no_netns:
+        reexec_in_netns()
     layouts = [tuple(int(x) for x in s.split("x")) for s in args.layouts.split(",")]
     print(json.dumps(run(layouts, args.steps)))
 

@@ -1,7 +1,8 @@
 """Noise / Perturber benchmark: prints one JSON object.
 
 Figures (all measured in this one run, so ratios are meaningful on a noisy machine):
-- noise throughput of the counter-based generator (eager and torch.compile) vs torch.randn;
+- noise throughput of the counter-based generator (eager and torch.compile) vs torch.randn and vs
+  an fp32 copy of the same bytes;
 - fused update throughput for G=8 and G=32 (parameter elements/s and noise elements/s);
 - peak extra resident memory of perturb / restore / update on a >= 100M-parameter fp32
   model for each precision mode (subtract; snapshot; snapshot + fp32_host master), each mode
@@ -42,10 +43,13 @@ def bench_throughput(n: int, repeat: int) -> dict:
     info = ShardInfo.full("bench.weight", (n,))
     out = {"elements": n}
     out["randn_elems_per_s"] = _rate(lambda: torch.randn(n), n, repeat)
+    src, dst = torch.randn(n), torch.empty(n)  # the memory-bandwidth floor: fp32 copy of the bytes the noise fills
+    out["copy_elems_per_s"] = _rate(lambda: dst.copy_(src), n, repeat)
     out["eager_elems_per_s"] = _rate(lambda: local_noise(1, info, block=1 << 17), n, max(1, repeat // 4))
     out["compiled_elems_per_s"] = _rate(lambda: local_noise(1, info, block=1 << 17, backend="compile"), n, repeat)
     out["randn_over_compiled"] = out["randn_elems_per_s"] / out["compiled_elems_per_s"]
     out["randn_over_eager"] = out["randn_elems_per_s"] / out["eager_elems_per_s"]
+    out["copy_over_compiled"] = out["copy_elems_per_s"] / out["compiled_elems_per_s"]
     return out
 
 

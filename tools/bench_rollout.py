@@ -128,15 +128,9 @@ def _figures(seconds, replies, extra):
             "finish": dict(finish), "cap_fraction": finish.get("length", 0) / max(1, len(replies)), **extra}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=16, help="16 = the embedded default's episodes per step")
-    ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--max-new-tokens", type=int, default=10, help="the token cap (configs/engine/hf.yaml)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="timed rounds; each variant's best (least disturbed) wall time is reported")
-    args = ap.parse_args()
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+def run(episodes: int = 16, turns: int = 6, max_new_tokens: int = 10, repeats: int = 3) -> dict:
+    """Every variant on the same games; the figures described in the module docstring (tools/bench.py calls it)."""
+    args = argparse.Namespace(episodes=episodes, turns=turns, max_new_tokens=max_new_tokens, repeats=repeats)
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -200,7 +194,19 @@ def main() -> None:
                                             / result["engine_reuse"]["prefill_tokens"])
     result["same_games"] = {k: ids["engine_reuse"] == ids[k]
                             for k in ("engine_reencode", "batched_generate", "generate_loop")}
-    print(json.dumps(result))
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--episodes", type=int, default=16, help="16 = the embedded default's episodes per step")
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=10, help="the token cap (configs/engine/hf.yaml)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed rounds; each variant's best (least disturbed) wall time is reported")
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    print(json.dumps(run(args.episodes, args.turns, args.max_new_tokens, args.repeats)))
 
 
 if __name__ == "__main__":

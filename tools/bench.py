@@ -7,7 +7,8 @@ Sections (each in its own try/except: a failure is reported in its entry and the
   bytes (tools/bench_noise.py);
 - ``es_overhead``: ES's own cost per step (perturb + restore + update, the ``perturb_s`` / ``restore_s`` /
   ``update_s`` of ``ESTrainer.step``) over the step's rollout time (its ``rollout_s`` less perturb and
-  restore) on the embedded default (configs/config.yaml: the shipped tiny agent on 4x4 Sudoku);
+  restore) on the embedded default (configs/config.yaml: the shipped tiny agent on 4x4 Sudoku) at population
+  4 instead of 16, every other setting unchanged;
 - ``comm``: bytes an ES step sends vs an fp32 all-reduce of every rank's shard over dp (a data-parallel
   gradient step), counted at the collectives and read from the loopback counters (tools/bench_comm.py);
 - ``memory``: the memory profiler's ratios and peaks (tools/memprof.py, run as a subprocess);
@@ -89,24 +90,26 @@ def section_es_overhead(a) -> dict:
     from esopt_mp.parallel import LaunchEnv, init_distributed
     from esopt_mp.trainer import ESTrainer
 
-    reduced = ["es.population=4", "env.episodes_per_step=2", "env.max_turns=3"] if a.quick else []
-    steps, warmup = (1, 0) if a.quick else (a.es_steps, 1)
+    # population 4 of 16: a quarter of the step's rollouts (~1-2 min on 2 CPUs); the fraction barely moves, as
+    # perturb, restore, update and rollouts all scale with the member count (each member plays the same episodes)
+    reduced = ["es.population=4", *(["env.episodes_per_step=2", "env.max_turns=3"] if a.quick else [])]
+    steps = 1 if a.quick else a.es_steps
     keys = ("rollout_s", "perturb_s", "restore_s", "update_s", "step_s")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _embedded_default([*reduced, f"run.dir={tmp}", "run.trajectories=false"])
         trainer = ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
         try:
-            recs = [{k: r[k] for k in ("step", *keys)} for r in (trainer.step(t) for t in range(warmup + steps))]
+            recs = [{k: r[k] for k in ("step", *keys)} for r in (trainer.step(t) for t in range(steps))]
             params = trainer.perturber.numel
         finally:
             trainer.close()
-    sums = {k: sum(r[k] for r in recs[warmup:]) for k in keys}
+    sums = {k: sum(r[k] for r in recs) for k in keys}
     es = sums["perturb_s"] + sums["restore_s"] + sums["update_s"]
     rollout = sums["rollout_s"] - sums["perturb_s"] - sums["restore_s"]  # rollout_s spans the members' perturb/restore
     return {"config": "configs/config.yaml" + (f" with {' '.join(reduced)}" if reduced else " (unchanged)"),
             "population": cfg.es.population, "episodes_per_step": cfg.env.episodes_per_step,
             "max_turns": cfg.env.max_turns, "restore": cfg.es.restore, "noise_backend": cfg.es.noise_backend,
-            "params": params, "warmup_steps": warmup, "measured_steps": steps, "steps": recs,
+            "params": params, "measured_steps": steps, "steps": recs,
             "per_step_s": {k: v / steps for k, v in sums.items()}, "es_s_per_step": es / steps,
             "rollout_only_s_per_step": rollout / steps,
             "headline": {"overhead_over_rollout": es / rollout, "overhead_over_step": es / sums["step_s"]}}
@@ -256,7 +259,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print a markdown table of the headline ratios, not JSON")
     ap.add_argument("--from-json", help="render --markdown from a saved report instead of running")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1)))
-    ap.add_argument("--es-steps", type=int, default=2, help="measured ES steps after one warm-up step")
+    ap.add_argument("--es-steps", type=int, default=2, help="ES steps measured on the embedded default")
     ap.add_argument("--comm-layouts", default="2x1,2x2", help="DPxTP worlds for the comm section")
     ap.add_argument("--memprof-shape", default="tiny", help="tools/memprof.py --shape (e.g. tiny, 0.4b)")
     ap.add_argument("--memprof-out", help="keep memprof's JSON and plots in this directory")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 
 import torch
 
@@ -33,6 +34,13 @@ def _sharded(t: torch.Tensor) -> bool:
     from torch.distributed.tensor import Shard
 
     return hasattr(t, "placements") and any(isinstance(p, Shard) for p in t.placements)
+
+
+def _like_param(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A DTensor gradient in its parameter's layout (autograd may return e.g. a Replicate grad of a Shard weight)."""
+    if hasattr(g, "placements") and tuple(g.placements) != tuple(p.data.placements):
+        return g.redistribute(p.data.device_mesh, p.data.placements)
+    return g
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -56,7 +64,7 @@ class PolicyOptimizer:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref = None
         if cfg.beta > 0:  # frozen reference: the weights as they were before the first update
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+            self.ref = self._reference(model, dims)
         self.value_head = None
         if self.value_head_size:
             hidden = model.config.get_text_config().hidden_size
@@ -68,6 +76,20 @@ class PolicyOptimizer:
             self._init_deepspeed()
         else:
             self._init_adamw()
+
+    @staticmethod
+    def _reference(model, dims):
+        """A second copy of the initial weights: reloaded from the model's directory (sharded like the policy;
+        a DTensor model does not deepcopy), else a deep copy (e.g. a profiler's randomly initialised model)."""
+        path = getattr(model, "name_or_path", "")
+        if path and os.path.isfile(os.path.join(path, "config.json")):
+            from esopt_mp.models.loading import DTYPES, load_model
+
+            dtype = next(model.parameters()).dtype
+            ref = load_model(path, dims, next(k for k, v in DTYPES.items() if v == dtype))
+        else:
+            ref = copy.deepcopy(model)
+        return ref.eval().requires_grad_(False)
 
     # ------------------------------------------------------------------ parameters
     def _init_adamw(self) -> None:
@@ -195,7 +217,7 @@ class PolicyOptimizer:
             return float(norm) if norm is not None else math.nan
         grads = []
         for p, w, m in zip(self.params, self.locals, self.masters):
-            g = torch.zeros_like(w) if p.grad is None else _local(p.grad)
+            g = torch.zeros_like(w) if p.grad is None else _local(_like_param(p.grad, p))
             m.grad = g if m is w else g.float()
             grads.append(m.grad)
             p.grad = None

@@ -326,8 +326,8 @@ class TrainConfig:
         ``model.tiny`` when the tiny model is built), ``objective.*``, the
         training tasks by content (SHA-256 of ``env.train_path``, or the
         generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
-        every other ``env.*`` setting that shapes training returns, and
-        ``engine.*`` (training sampling). New fields are in by default.
+        every other ``env.*`` setting that shapes training returns,
+        ``engine.*`` (training sampling) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,

@@ -222,6 +222,63 @@ class RunConfig:
         _check(self.keep_checkpoints >= 0, f"{key}.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
 
 
+ALGOS = ("es", "grpo", "ppo")
+
+
+@dataclasses.dataclass
+class AlgoConfig:
+    """Which trainer runs (``es``, or a policy-gradient baseline) and the baselines' settings.
+
+    Defaults: the paper's GRPO reference for Sudoku (FACTS.md: lr 1e-6, KL beta
+    1e-3, clip 0.2, 8 generations, batch 32 = 4 tasks x 8). ``es`` ignores the rest.
+    """
+    name: str = "es"
+    lr: float = 1e-6
+    beta: float = 1e-3  # KL(pi || ref) weight, k3 estimator; 0: no reference model is kept
+    clip: float = 0.2
+    generations: int = 8  # rollouts per task (GRPO's group size)
+    tasks_per_step: int = 4
+    steps: int | None = None  # None: es.steps, so the same override sets both
+    epochs: int = 1
+    minibatch: int = 0  # episodes per optimizer step (0: the whole batch, one step per epoch)
+    micro_batch: int = 0  # episodes per forward/backward (gradient accumulation; 0: = minibatch)
+    max_grad_norm: float = 1.0  # 0: no clipping
+    weight_decay: float = 0.0
+    temperature: float = 1.0  # training rollouts' sampling temperature (greedy groups have no variance)
+    grad_checkpointing: bool = False
+    zero_stage: int = 0  # > 0: DeepSpeed ZeRO stage 1-3 (launch under deepspeed, tp = 1)
+    adv_eps: float = 1e-4
+    gamma: float = 1.0  # PPO: discount per turn
+    lam: float = 0.95  # PPO: GAE lambda per turn
+    vf_coef: float = 0.1
+    value_clip: float = 0.2
+    value_lr: float | None = None  # PPO value head's lr (None: lr)
+
+    def validate(self, key: str = "algo") -> None:
+        _check(self.name in ALGOS, f"{key}", f"unknown algorithm {self.name!r}; known: {', '.join(ALGOS)}")
+        for k in ("lr", "clip"):
+            v = getattr(self, k)
+            _check(math.isfinite(v) and v > 0, f"{key}.{k}", f"must be finite and > 0, got {v}")
+        for k in ("beta", "max_grad_norm", "weight_decay", "temperature", "adv_eps", "vf_coef", "value_clip"):
+            v = getattr(self, k)
+            _check(math.isfinite(v) and v >= 0, f"{key}.{k}", f"must be finite and >= 0, got {v}")
+        for k in ("gamma", "lam"):
+            v = getattr(self, k)
+            _check(0 <= v <= 1, f"{key}.{k}", f"must be in [0, 1], got {v}")
+        for k in ("generations", "tasks_per_step", "epochs"):
+            _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
+        for k in ("minibatch", "micro_batch"):
+            _check(getattr(self, k) >= 0, f"{key}.{k}", f"must be >= 0 (0: whole batch), got {getattr(self, k)}")
+        _check(self.steps is None or self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
+        _check(self.zero_stage in (0, 1, 2, 3), f"{key}.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
+        _check(self.value_lr is None or (math.isfinite(self.value_lr) and self.value_lr > 0), f"{key}.value_lr",
+               f"must be finite and > 0, got {self.value_lr}")
+        _check(self.name != "grpo" or self.generations >= 2, f"{key}.generations",
+               f"GRPO needs at least 2 rollouts per task for a group advantage, got {self.generations}")
+        _check(self.name == "es" or self.temperature > 0, f"{key}.temperature",
+               "policy-gradient rollouts must sample (temperature > 0)")
+
+
 @dataclasses.dataclass
 class TrainConfig:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
@@ -231,6 +288,7 @@ class TrainConfig:
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
 
     def validate(self, world_size: int | None = None) -> "TrainConfig":
         for f in dataclasses.fields(self):
@@ -241,6 +299,17 @@ class TrainConfig:
         if world_size is not None:
             _check(p.dp * p.tp == world_size, "parallel",
                    f"parallel.dp * parallel.tp must equal the world size: {p.dp} * {p.tp} = {p.dp * p.tp} != {world_size}")
+        if self.algo.name != "es":
+            a = self.algo
+            _check(self.objective.name == "agent", "objective.name",
+                   f"algo={a.name} trains on agent episodes: needs objective=agent, got {self.objective.name!r}")
+            _check(a.tasks_per_step >= p.dp, "algo.tasks_per_step",
+                   f"{a.tasks_per_step} tasks cannot cover parallel.dp={p.dp} groups (tasks are split over dp)")
+            _check(a.tasks_per_step <= self.env.n_train, "algo.tasks_per_step",
+                   f"{a.tasks_per_step} exceeds the {self.env.n_train} training tasks")
+            _check(a.zero_stage == 0 or p.tp == 1, "algo.zero_stage",
+                   f"DeepSpeed ZeRO shards over data parallelism only; use parallel.tp=1, got tp={p.tp}")
+            return self
         _check(self.es.population >= p.dp, "es.population",
                f"population {self.es.population} is smaller than parallel.dp={p.dp}: some dp groups would idle")
         return self
@@ -257,8 +326,8 @@ class TrainConfig:
         ``model.tiny`` when the tiny model is built), ``objective.*``, the
         training tasks by content (SHA-256 of ``env.train_path``, or the
         generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
-        every other ``env.*`` setting that shapes training returns, and
-        ``engine.*`` (training sampling). New fields are in by default.
+        every other ``env.*`` setting that shapes training returns,
+        ``engine.*`` (training sampling) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,

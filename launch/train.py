@@ -1,6 +1,8 @@
-"""ES training entry point: compose config -> discover ranks -> build -> train -> close.
+"""Training entry point: compose config -> discover ranks -> build -> train -> close.
 
-    python launch/train.py                                   # embedded default, CPU
+    python launch/train.py                                   # embedded default, CPU (ES)
+    python launch/train.py algo=grpo                         # the same agent and tasks, GRPO (or algo=ppo)
+    deepspeed --num_gpus 4 launch/train.py parallel.launcher=deepspeed parallel.dp=4 algo=grpo algo.zero_stage=2
     torchrun --nproc_per_node 4 launch/train.py parallel.tp=2 parallel.dp=2
     deepspeed --num_gpus 4 launch/train.py parallel.launcher=deepspeed parallel.tp=2 parallel.dp=2
     srun python launch/train.py ...   /   mpirun -np 2 python launch/train.py parallel.dp=2
@@ -16,6 +18,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+
+def _check_algo_arg() -> None:
+    """``algo=foo``: one clear line instead of Hydra's missing-config-group traceback."""
+    from esopt_mp.config import ALGOS
+
+    for arg in sys.argv[1:]:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "algo" and value not in ALGOS:
+            print(f"algo: unknown algorithm {value!r}; known: {', '.join(ALGOS)}", file=sys.stderr)
+            sys.exit(2)
 
 
 def _strip_launcher_args() -> None:
@@ -48,7 +61,12 @@ def main(hcfg: DictConfig) -> None:
     trainer = None
     stopped = False
     try:
-        trainer = ESTrainer(cfg, dims)
+        if cfg.algo.name == "es":
+            trainer = ESTrainer(cfg, dims)
+        else:
+            from esopt_mp.baselines.trainer import BaselineTrainer
+
+            trainer = BaselineTrainer(cfg, dims)
         summary = trainer.train()
         if launch.rank == 0:
             print(json.dumps(summary))
@@ -64,4 +82,5 @@ def main(hcfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     _strip_launcher_args()
+    _check_algo_arg()
     main()

@@ -39,10 +39,12 @@ class Episode:
     error: str | None = None
     seconds: float = 0.0
     token_ids: list = dataclasses.field(default_factory=list)
+    spans: list = dataclasses.field(default_factory=list)  # [start, end) of each turn's generated tokens in token_ids
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("token_ids")
+        d.pop("spans")
         d["return"] = None if math.isnan(self.ret) else self.ret
         d.pop("ret")
         return d
@@ -106,11 +108,13 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     budget = [min(cfg.max_turns, getattr(env, "max_turns", cfg.max_turns)) for env in envs]
     while live:
         chan.send(("gen", live, [new_ids[i] for i in live]))
+        starts = [len(convs[i].ids) + len(new_ids[i]) for i in live]
         gens = engine.generate([convs[i] for i in live], [new_ids[i] for i in live], cfg.sampling)
         chan.verify(gens)
         nxt = []
-        for i, g in zip(live, gens):
+        for i, g, s0 in zip(live, gens, starts):
             ep = episodes[i]
+            ep.spans.append((s0, s0 + len(g.token_ids)))
             t_env = time.perf_counter()
             try:
                 msgs, reward, term, trunc, info = envs[i].step(g.text)

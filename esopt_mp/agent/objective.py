@@ -71,14 +71,19 @@ class AgentObjective:
         if not self.dims.is_tp_leader:
             follow_episodes(self.engine, cfg, self.dims)
             return 0.0, 0
+        eps = self.play(tasks, seeds, cfg, **tags)
+        finite = [e.ret for e in eps if not math.isnan(e.ret)]
+        return sum(finite), len(finite)
+
+    def play(self, tasks, seeds, cfg, **tags) -> list:
+        """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file."""
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
         envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
         eps = run_episodes(self.engine, envs, tasks, seeds, cfg, self.dims)
         if self.traj_path:
             write_trajectories(self.traj_path, eps, **tags)
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
-        finite = [e.ret for e in eps if not math.isnan(e.ret)]
-        return sum(finite), len(finite)
+        return eps
 
     def step_tasks(self, step: int) -> list[dict]:
         rng = random.Random(stream_seed(self.run_seed, "tasks", step))

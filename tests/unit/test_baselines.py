@@ -1,0 +1,136 @@
+"""Baselines on the shipped tiny agent: real episodes' masks, the update machinery, config and launcher checks."""
+import copy
+import os
+
+import pytest
+import torch
+
+from esopt_mp.agent.loop import AgentConfig, run_episodes
+from esopt_mp.baselines import build_baseline, build_token_batch, synthetic_token_batch
+from esopt_mp.config import AlgoConfig, ConfigError, TrainConfig, build_config
+from esopt_mp.engine.hf import HFEngine
+from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.envs import make
+from esopt_mp.envs import sudoku
+from esopt_mp.models import load_model
+from esopt_mp.parallel import ParallelDims
+
+TINY = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+DIMS = ParallelDims(1, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TINY)
+
+
+def _episodes(tokenizer, n=4, mask=3, turns=3):
+    model = load_model(TINY, DIMS)
+    engine = HFEngine(model, tokenizer)
+    tasks = sudoku.generate(n, mask, size=4, seed=5)
+    envs = [make("sudoku", max_turns=turns, hints=True, show_original=False) for _ in tasks]
+    cfg = AgentConfig(turns, SamplingParams(temperature=1.0, top_p=1.0, top_k=0, presence_penalty=0.0,
+                                            max_new_tokens=10))
+    return run_episodes(engine, envs, tasks, list(range(n)), cfg), engine
+
+
+def test_loss_mask_is_exactly_the_assistant_tokens(tokenizer):
+    eps, engine = _episodes(tokenizer)
+    assert sum(len(e.turns) for e in eps) > len(eps)  # several multi-turn episodes
+    batch = build_token_batch(eps, engine.pad_id)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for r, ep in enumerate(eps):
+        n = len(ep.token_ids)
+        ids, mask = batch.input_ids[r, :n], batch.loss_mask[r, :n]
+        assert not batch.loss_mask[r, n:].any() and not batch.attention_mask[r, n:].any()
+        gen = ids[mask].tolist()
+        # the masked tokens are the replies, turn by turn (the engine's eos <|im_end|> included) ...
+        assert len(gen) == sum(t["response_tokens"] for t in ep.turns)
+        assert tokenizer.decode([t for t in gen if t != im_end]) == "".join(t["response"] for t in ep.turns)
+        # ... and everything else is what the model was shown: the prompts and environment messages
+        assert tokenizer.decode(ids[~mask].tolist()) == "".join(t["prompt"] for t in ep.turns)
+        assert batch.turn_end[r].sum() == len(ep.turns) and not (batch.turn_end[r, :n] & ~mask).any()
+
+
+def test_failed_episodes_are_dropped(tokenizer):
+    eps, engine = _episodes(tokenizer, n=2, turns=1)
+    eps[0].ret = float("nan")
+    batch = build_token_batch(eps, engine.pad_id)
+    assert len(batch) == 1 and batch.rewards.tolist() == [eps[1].ret]
+
+
+def _params(model):
+    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_micro_batching_accumulates_the_same_step(name):
+    """Token-level mean over the minibatch: 2-row micro-batches give the whole-batch step (fp32)."""
+    batch = synthetic_token_batch(4, 2, 12, 6, 5, 512, 2, seed=3)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])  # both groups mixed: a nonzero advantage
+    out = []
+    for micro in (0, 1):
+        model = load_model(TINY, DIMS)
+        cfg = AlgoConfig(name=name, lr=1e-3, micro_batch=micro, max_grad_norm=0.5)
+        stats = build_baseline(name, model, cfg, DIMS).update(batch)
+        out.append((_params(model), stats))
+    assert torch.allclose(out[0][0], out[1][0], atol=2e-6)
+    assert out[0][1]["grad_norm"] == pytest.approx(out[1][1]["grad_norm"], rel=1e-4)
+    assert not torch.equal(out[0][0], _params(load_model(TINY, DIMS)))
+
+
+def test_bf16_weights_keep_fp32_master_and_states():
+    model = load_model(TINY, DIMS, "bfloat16")
+    before = copy.deepcopy(model)
+    opt = build_baseline("grpo", model, AlgoConfig(name="grpo", lr=1e-3, grad_checkpointing=True), DIMS)
+    stats = opt.update(synthetic_token_batch(4, 2, 12, 6, 5, 512, 2, seed=1))
+    assert stats["grad_norm"] > 0 and all(m.dtype == torch.float32 for m in opt.masters)
+    assert all(w.dtype == torch.bfloat16 for w in opt.locals)
+    states = [s for s in opt.optimizer.state.values()]
+    assert states and all(s["exp_avg"].dtype == torch.float32 for s in states)
+    # the weights are the bf16 rounding of the fp32 master
+    assert all(torch.equal(w, m.bfloat16()) for w, m in zip(opt.locals, opt.masters))
+    assert not torch.equal(_params(before), _params(model))
+    assert opt.ref is not None and torch.equal(_params(opt.ref), _params(before))  # frozen reference
+
+
+def test_ppo_value_head_is_fp32_and_learns():
+    model = load_model(TINY, DIMS, "bfloat16")
+    opt = build_baseline("ppo", model, AlgoConfig(name="ppo", lr=1e-6, value_lr=1e-2, epochs=4), DIMS)
+    assert opt.value_head.weight.dtype == torch.float32
+    batch = synthetic_token_batch(4, 2, 12, 6, 5, 512, 2, seed=2)
+    first = opt.update(batch)["value_loss"]
+    for _ in range(5):
+        last = opt.update(batch)["value_loss"]
+    assert last < first
+
+
+def test_algo_config_validation_and_hash():
+    with pytest.raises(ConfigError, match=r"algo: unknown algorithm 'foo'; known: es, grpo, ppo"):
+        build_config({"algo": {"name": "foo"}})
+    with pytest.raises(ConfigError, match=r"algo\.generations"):
+        build_config({"objective": {"name": "agent"}, "algo": {"name": "grpo", "generations": 1}})
+    with pytest.raises(ConfigError, match=r"objective\.name"):
+        build_config({"algo": {"name": "grpo"}})  # the default objective is target_logprob
+    with pytest.raises(ConfigError, match=r"algo\.zero_stage"):
+        build_config({"objective": {"name": "agent"}, "algo": {"name": "ppo", "zero_stage": 4}})
+    with pytest.raises(ConfigError, match=r"algo\.tasks_per_step"):
+        build_config({"objective": {"name": "agent"}, "parallel": {"dp": 8}, "algo": {"name": "grpo"}}, 8)
+    a, b = TrainConfig(), TrainConfig()
+    b.algo.lr = 2e-6
+    assert a.hash() != b.hash()  # the weights depend on algo.*
+
+
+def test_default_config_composes_with_each_algo():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    cdir = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+    with initialize_config_dir(config_dir=cdir, version_base="1.3"):
+        for name in ("es", "grpo", "ppo"):
+            cfg = build_config(OmegaConf.to_container(compose("config", overrides=[f"algo={name}"]), resolve=True))
+            assert cfg.algo.name == name
+        grpo = build_config(OmegaConf.to_container(compose("config", overrides=["algo=grpo"]), resolve=True)).algo
+        assert (grpo.beta, grpo.clip, grpo.generations) == (1e-3, 0.2, 8)

@@ -1,0 +1,180 @@
+"""The horizon crossover in miniature: ES, GRPO and PPO on the tiny 4x4 Sudoku agent at increasing H*.
+
+    python tools/crossover.py                                   # H* 2 4 6, 3 seeds, 2048 episodes per run
+    python tools/crossover.py --horizons 2 6 --seeds 0 --budget 256 --jobs 2 --out runs/crossover
+
+Every (method, H*, seed) is one `python launch/train.py` run in its own directory under ``--out``
+(a finished run is reused when the command is repeated, so an interrupted sweep loses nothing).
+Equal rollout budget: every method plays the same number of training episodes per step and the
+same number of steps (ES: population x episodes per member; GRPO/PPO: tasks x generations); the
+script checks it up front from the settings and afterwards by counting the training episodes each
+run actually wrote to its trajectories.jsonl. The turn budget grows with the horizon (2 x H*).
+Held-out success (greedy, the same puzzles for every method at a given H*) before and after
+training is what the plot shows, as mean and min..max over seeds. Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("es", "grpo", "ppo")
+
+
+def plan(args) -> list[dict]:
+    """One entry per run: its overrides and the training episodes it must play."""
+    es_per_step = args.es_population * args.es_episodes
+    pg_per_step = args.pg_tasks * args.pg_generations
+    if es_per_step != pg_per_step:
+        raise SystemExit(f"unequal rollout budget per step: ES {args.es_population} x {args.es_episodes} = "
+                         f"{es_per_step} vs GRPO/PPO {args.pg_tasks} x {args.pg_generations} = {pg_per_step}")
+    if args.budget % es_per_step:
+        raise SystemExit(f"--budget {args.budget} is not a multiple of the {es_per_step} episodes per step")
+    steps = args.budget // es_per_step
+    runs = []
+    for h in args.horizons:
+        if not 1 <= h <= 15:
+            raise SystemExit(f"--horizons: H* = {h} is outside 1..15 for a 4x4 board")
+        for seed in args.seeds:
+            for m in args.methods:
+                common = [f"env.mask_count={h}", f"env.max_turns={2 * h}", f"env.n_eval={args.n_eval}",
+                          "run.eval_every=0", "run.checkpoint_every=0", "run.export=false", "run.trajectories=true",
+                          f"env.task_seed={args.task_seed}"]
+                if m == "es":  # es.seed is every method's run seed (tasks, episodes, noise)
+                    over = [f"es.seed={seed}", f"es.steps={steps}", f"es.population={args.es_population}",
+                            f"env.episodes_per_step={args.es_episodes}"]
+                else:
+                    over = [f"algo={m}", f"es.seed={seed}", f"algo.steps={steps}", f"algo.tasks_per_step={args.pg_tasks}",
+                            f"algo.generations={args.pg_generations}"]
+                d = os.path.join(args.out, f"h{h}", f"{m}_s{seed}")
+                runs.append({"method": m, "horizon": h, "seed": seed, "dir": d, "episodes": args.budget,
+                             "overrides": common + over + list(args.overrides) + [f"run.dir={d}"]})
+    return runs
+
+
+def _summary(run_dir: str) -> dict | None:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        found = [json.loads(line)["summary"] for line in f if '"summary"' in line]
+    return found[-1] if found else None
+
+
+def _train_episodes(run_dir: str) -> int:
+    with open(os.path.join(run_dir, "trajectories.jsonl")) as f:
+        return sum(1 for line in f if json.loads(line).get("kind") == "train")
+
+
+def execute(run: dict, threads: int) -> dict:
+    """Run (or reuse) one training run; its held-out success before/after and its episode count."""
+    s = _summary(run["dir"])
+    t = time.perf_counter()
+    if s is None:
+        if os.path.exists(run["dir"]):
+            import shutil
+
+            shutil.rmtree(run["dir"])  # an unfinished run: start it again from scratch
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        proc = subprocess.run([sys.executable, "launch/train.py", *run["overrides"]], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{run['method']} H*={run['horizon']} seed {run['seed']} failed "
+                               f"(exit {proc.returncode}):\n{proc.stderr[-2500:]}")
+        s = _summary(run["dir"])
+    played = _train_episodes(run["dir"])
+    if played != run["episodes"]:
+        raise RuntimeError(f"{run['dir']}: played {played} training episodes, the budget is {run['episodes']}")
+    return {k: run[k] for k in ("method", "horizon", "seed", "episodes")} | {
+        "before": s["eval_before"], "after": s["eval_after"], "seconds": round(time.perf_counter() - t, 1)}
+
+
+def aggregate(results: list[dict]) -> dict:
+    out = {}
+    for m in sorted({r["method"] for r in results}):
+        out[m] = {}
+        for h in sorted({r["horizon"] for r in results}):
+            rs = [r for r in results if r["method"] == m and r["horizon"] == h]
+            if not rs:
+                continue
+            after = [r["after"] for r in rs]
+            out[m][str(h)] = {"mean": sum(after) / len(after), "min": min(after), "max": max(after),
+                              "before": sum(r["before"] for r in rs) / len(rs), "seeds": len(rs)}
+    return out
+
+
+def plot(agg: dict, budget: int, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = {"es": "tab:blue", "grpo": "tab:orange", "ppo": "tab:green"}
+    before = None
+    for m, by_h in agg.items():
+        hs = sorted(by_h, key=int)
+        x = [int(h) for h in hs]
+        mean = [by_h[h]["mean"] for h in hs]
+        ax.plot(x, mean, "o-", color=colors.get(m), label=m.upper())
+        ax.fill_between(x, [by_h[h]["min"] for h in hs], [by_h[h]["max"] for h in hs], color=colors.get(m), alpha=0.15)
+        before = before or (x, [by_h[h]["before"] for h in hs])
+    if before:
+        ax.plot(*before, "k:", label="before training")
+    ax.set_xlabel("H* (blank cells, 4x4 Sudoku)")
+    ax.set_ylabel("held-out success")
+    ax.set_title(f"tiny agent, {budget} training episodes per run (band: min..max over seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--horizons", type=int, nargs="+", default=[2, 4, 6])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--budget", type=int, default=2048, help="training episodes per run, the same for every method")
+    ap.add_argument("--es-population", type=int, default=8)
+    ap.add_argument("--es-episodes", type=int, default=8, help="episodes per ES member per step")
+    ap.add_argument("--pg-tasks", type=int, default=8, help="GRPO/PPO tasks per step")
+    ap.add_argument("--pg-generations", type=int, default=8, help="GRPO/PPO rollouts per task")
+    ap.add_argument("--n-eval", type=int, default=64, help="held-out puzzles per H*")
+    ap.add_argument("--task-seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (each gets cpu_count // jobs threads)")
+    ap.add_argument("--out", default="runs/crossover")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = ap.parse_args()
+    args.out = os.path.abspath(args.out)
+    runs = plan(args)
+    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    t0 = time.perf_counter()
+    results = []
+    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(execute, r, threads) for r in runs]
+        for fut in tqdm(cf.as_completed(futures), total=len(futures), desc="crossover runs", file=sys.stderr):
+            results.append(fut.result())
+    results.sort(key=lambda r: (r["horizon"], r["method"], r["seed"]))
+    agg = aggregate(results)
+    os.makedirs(args.out, exist_ok=True)
+    png = plot(agg, args.budget, os.path.join(args.out, "crossover.png"))
+    report = {"budget_episodes_per_run": args.budget, "episodes_per_step": args.es_population * args.es_episodes,
+              "horizons": args.horizons, "seeds": args.seeds, "success_after": agg, "runs": results, "plot": png,
+              "seconds": round(time.perf_counter() - t0, 1)}
+    with open(os.path.join(args.out, "crossover.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

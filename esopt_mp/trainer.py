@@ -27,7 +27,7 @@ from esopt_mp.checkpoint import Ledger, restore_run_, save_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
-from esopt_mp.models import build_shards, build_tiny_qwen35, load_model
+from esopt_mp.models import build_shards, load_model, resolve_model_dir
 from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
@@ -53,7 +53,7 @@ class ESTrainer:
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
-        path = self._model_path()
+        path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.name == "agent")
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = None
         self.shards = build_shards(self.model, cfg.es.include, cfg.es.exclude)
@@ -85,29 +85,6 @@ class ESTrainer:
                  self.perturber.numel, len(self.shards), es.restore, es.master, self.start_step)
 
     # ------------------------------------------------------------------ build
-    def _model_path(self) -> str:
-        path = self.cfg.model.path
-        if path and path.startswith("builtin:"):
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", path[len("builtin:"):])
-            if not os.path.isfile(os.path.join(path, "config.json")):
-                raise FileNotFoundError(f"{path} is missing: build it with python tools/build_tiny_agent.py --out {path}")
-        if path:
-            return path
-        path = os.path.join(self.cfg.run.dir, "base_model")
-        if self.dims.rank == 0:
-            t = self.cfg.model.tiny
-            if self.cfg.objective.name == "agent":
-                from esopt_mp.models.tiny import build_tiny_agent_base
-
-                build_tiny_agent_base(path, seed=t.seed, tie_word_embeddings=t.tie_word_embeddings, hidden_size=t.hidden_size,
-                                      num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
-            else:
-                build_tiny_qwen35(path, seed=t.seed, tie_word_embeddings=t.tie_word_embeddings,
-                                  vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                                  num_hidden_layers=t.num_hidden_layers, intermediate_size=t.intermediate_size)
-        self.dims.comm.barrier()
-        return path
-
     def _resume(self) -> int:
         entries = self.ledger.repair()  # raises if run.dir holds another config's ledger; cuts a torn tail
         if not entries:

@@ -55,7 +55,9 @@ def main(hcfg: DictConfig) -> None:
     setup_logging(launch.rank)
     cfg = build_config(OmegaConf.to_container(hcfg, resolve=True), launch.world_size)
     if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.world_size))
+        # ESOPT_THREADS wins (several runs sharing a machine; torchrun always sets OMP_NUM_THREADS=1, so not that);
+        # else the cores split over the ranks
+        torch.set_num_threads(int(os.environ.get("ESOPT_THREADS") or max(1, (os.cpu_count() or 1) // launch.world_size)))
     dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
                             use_deepspeed=cfg.parallel.launcher == "deepspeed", timeout_s=cfg.parallel.timeout_s)
     trainer = None

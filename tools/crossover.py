@@ -82,7 +82,7 @@ def execute(run: dict, threads: int) -> dict:
             import shutil
 
             shutil.rmtree(run["dir"])  # an unfinished run: start it again from scratch
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env = dict(os.environ, ESOPT_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         proc = subprocess.run([sys.executable, "launch/train.py", *run["overrides"]], cwd=ROOT, env=env,
                               capture_output=True, text=True)
         if proc.returncode != 0:

@@ -28,7 +28,7 @@ from esopt_mp.baselines import build_baseline, build_token_batch
 from esopt_mp.config import TrainConfig
 from esopt_mp.es.seeds import stream_seed
 from esopt_mp.metrics import MetricsWriter
-from esopt_mp.models import load_model
+from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import ParallelDims
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,13 @@ class BaselineTrainer:
         from transformers import AutoTokenizer
 
         from esopt_mp.agent.objective import AgentObjective
-        from esopt_mp.trainer import ESTrainer
 
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
         self.steps = cfg.algo.steps or cfg.es.steps
         self.seed = cfg.es.seed  # the run seed: tasks, episodes and evaluation draw from its streams
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
-        path = ESTrainer._model_path(self)  # same model resolution (builtin:, local dir, built tiny model)
+        path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None

@@ -208,7 +208,11 @@ def predict(config, *, algo: str, tp: int = 1, batch: int, context: int, new_tok
     """Per-rank bytes of ``algo`` on ``config`` at ``batch`` sequences of ``context`` tokens (the last
     ``new_tokens`` generated). ``prefill_tokens``: tokens per sequence of the largest prefill forward (default
     ``context - new_tokens``: a whole history re-encoded; with prefix reuse a multi-turn rollout prefills less).
-    GRPO/PPO: ``batch`` x ``context`` is also the per-rank training micro-batch."""
+    GRPO/PPO: ``batch`` x ``context`` is also the per-rank training micro-batch. Their training state is what
+    DeepSpeed's bf16 optimizer keeps: bf16 weights, the bf16 gradients the backward writes, an fp32 master with fp32
+    gradients and AdamW's two fp32 moments (22 B/param with the bf16 reference; Megatron accumulates straight into
+    fp32 ``main_grad`` and saves the 2 B of bf16 gradients). ZeRO stage 1 partitions master, its gradients and the
+    optimizer over ``dp``, stage 2 also the bf16 gradients, stage 3 also weights and the reference."""
     _check(algo, tp, batch, context, new_tokens, dtype, restore, master, chunk_elems, zero_stage, dp, device)
     if prefill_tokens is not None and not (isinstance(prefill_tokens, int) and 1 <= prefill_tokens <= context):
         raise ValueError(f"prefill_tokens must be an int in [1, context], got {prefill_tokens!r}")

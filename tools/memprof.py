@@ -58,6 +58,8 @@ def _args(argv=None):
     ap.add_argument("--chunk-elems", type=int, default=ProfileOptions.chunk_elems, help="ES es.chunk_elems")
     ap.add_argument("--grad-checkpointing", action="store_true")
     ap.add_argument("--interval-ms", type=float, default=10.0)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank (memory does not "
+                    "depend on it; more threads than free cores made a bf16 decode 40x slower on a shared CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep-checkpoint", action="store_true", help="keep OUT/.ckpt-SHAPE for the next run")
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="per profile")
@@ -176,6 +178,9 @@ def worker(a) -> int:
     from esopt_mp.profiling.profiles import run_profile
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    import torch
+
+    torch.set_num_threads(max(1, a.threads))
     res = run_profile(a.worker, a.ckpt, a.tp, _workload(a), _options(a), a.interval_ms / 1000)
     tmp = a.raw + ".tmp"
     with open(tmp, "w") as f:
@@ -234,7 +239,7 @@ def main(argv=None) -> int:
     elif not _wait_for(os.path.join(ckpt, "config.json"), a.timeout_s):
         return _fail(f"rank {le.rank}: no checkpoint at {ckpt} after {a.timeout_s} s")
     flags = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in dataclasses.asdict(wl)]
-    flags += [f"--population={a.population}", f"--chunk-elems={a.chunk_elems}", f"--interval-ms={a.interval_ms}"]
+    flags += [f"--population={a.population}", f"--chunk-elems={a.chunk_elems}", f"--interval-ms={a.interval_ms}", f"--threads={a.threads}"]
     flags += ["--grad-checkpointing"] if a.grad_checkpointing else []
     errors = {}
     for i, name in enumerate(profiles):

@@ -82,6 +82,20 @@ def _baseline_step(s: MemorySampler, model, engine, wl: Workload, name: str, opt
     return 0  # a real trainer keeps master weights and optimizer states on the device
 
 
+@torch.no_grad()
+def _make_resident(model) -> None:
+    """Fault every local weight into anonymous memory, as a device would hold it (``x * 1 == x`` bit for bit).
+
+    On CPU ``from_pretrained`` maps the safetensors file privately and lazily:
+    untouched pages (embedding rows no prompt looks up) are not resident, so
+    plain inference would look smaller than its weights while an ES perturb,
+    which writes every element, copies the whole mapping.
+    """
+    for p in model.parameters():
+        d = p.data
+        (d.to_local() if hasattr(d, "to_local") else d).mul_(1)
+
+
 def run_profile(name: str, ckpt: str, tp: int, wl: Workload, opt: ProfileOptions, interval_s: float = 0.01) -> dict:
     """Run profile ``name`` in this (fresh) process; world/rank come from the launcher's environment."""
     # everything the profile imports is imported before the baseline, so library code is not counted as memory
@@ -104,6 +118,7 @@ def run_profile(name: str, ckpt: str, tp: int, wl: Workload, opt: ProfileOptions
     s.mark("load")
     t0 = time.perf_counter()
     model = load_model(ckpt, dims, "bfloat16")
+    _make_resident(model)
     tok = AutoTokenizer.from_pretrained(ckpt)
     engine = make_engine(model, tok)
     load_s = time.perf_counter() - t0

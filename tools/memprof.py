@@ -8,6 +8,12 @@ rank, so no peak leaks from one profile into the next. Prints one JSON object
 (also written to OUT/memprof.json) and writes OUT/memprof_bars.png and
 OUT/memprof_timeline.png.
 
+ES chunk: the update streams the weights in chunks of --chunk-elems with an fp32 accumulator,
+and on bf16 weights the in-place mixed-dtype add (``flat.add_(acc)``) materialises two more
+fp32 temporaries of the chunk: the update holds ~3 x chunk_elems x 4 bytes. With the trainer's
+default es.chunk_elems = 2^24 that is ~200 MB, 18% of the 0.46 B shape's inference peak
+(measured: ES subtract / inference = 1.12); the default here is 2^20 (~13 MB), small vs the model.
+
 Usage:
   python tools/memprof.py --shape 0.4b --profiles inference es_subtract es_snapshot es_snapshot_fp32_host
   torchrun --nproc_per_node 2 tools/memprof.py --shape 0.4b --tp 2
@@ -239,7 +245,8 @@ def main(argv=None) -> int:
     elif not _wait_for(os.path.join(ckpt, "config.json"), a.timeout_s):
         return _fail(f"rank {le.rank}: no checkpoint at {ckpt} after {a.timeout_s} s")
     flags = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in dataclasses.asdict(wl)]
-    flags += [f"--population={a.population}", f"--chunk-elems={a.chunk_elems}", f"--interval-ms={a.interval_ms}", f"--threads={a.threads}"]
+    flags += [f"--population={a.population}", f"--chunk-elems={a.chunk_elems}", f"--interval-ms={a.interval_ms}",
+              f"--threads={a.threads}"]
     flags += ["--grad-checkpointing"] if a.grad_checkpointing else []
     errors = {}
     for i, name in enumerate(profiles):

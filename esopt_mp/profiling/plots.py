@@ -63,6 +63,7 @@ def timeline(raw: dict[str, dict], path: str) -> str:
             ax.axvspan(t - t_start, t1, color=PHASE_COLORS.get(p, "#eeeeee"), alpha=0.5,
                        label=None if p in seen else p)
             seen.add(p)
+        ax.set_ylim(bottom=0)
         ax.set_title(name, fontsize=9)
         ax.set_ylabel("GB")
         ax.legend(fontsize=7, loc="lower right", ncol=3)

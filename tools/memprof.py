@@ -253,7 +253,9 @@ def main(argv=None) -> int:
         raw = os.path.join(a.out, "raw", f"{name}.rank{le.rank}.json")
         if os.path.exists(raw):
             os.remove(raw)
-        env = dict(os.environ, MASTER_PORT=str(le.master_port + 1 + i)) if le.world_size > 1 else dict(os.environ)
+        env = dict(os.environ)
+        if le.world_size > 1:  # a process group of its own per profile, with its own store (not torchrun's agent's)
+            env.update(MASTER_PORT=str(le.master_port + 1 + i), TORCHELASTIC_USE_AGENT_STORE="False")
         rc, log = _spawn(me + shared + flags + ["--worker", name, "--raw", raw], env, a.timeout_s)
         if rc:
             errors[name] = log[-2000:]

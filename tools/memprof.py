@@ -41,7 +41,7 @@ CPU_METHOD = ("CPU (no device): figures per rank. host_peak_bytes = peak residen
               "baseline_bytes = RSS after imports and process-group setup, before the model exists; "
               "device_peak_bytes (device-equivalent) = host peak above baseline minus host_by_design_bytes "
               "(Perturber.host_bytes: the snapshot / fp32 master, which live on the host by design); "
-              "ru_maxrss_bytes is the lifetime high-water mark (model loading included)")
+              "ru_maxrss_bytes is the lifetime high-water mark (model loading included; read before each VmHWM reset)")
 GPU_METHOD = ("GPU: device_peak_bytes = peak of {counter} sampled every {ms} ms from model loaded to step end "
               "(nvml_process: this process's usedGpuMemory; nvml_device: the whole device's used memory; torch: "
               "max_memory_reserved); torch_max_allocated/reserved_bytes beside it; host figures from RSS as on CPU; "

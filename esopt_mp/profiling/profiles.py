@@ -137,7 +137,8 @@ def run_profile(name: str, ckpt: str, tp: int, wl: Workload, opt: ProfileOptions
     close_distributed()
     return {"profile": name, "rank": dims.rank, "world": le.world_size, "tp": tp, "baseline_bytes": baseline,
             "window": s.peak(WINDOW), "phases": s.phase_peaks(), "host_by_design_bytes": host_by_design,
-            "ru_maxrss_bytes": ru_maxrss_bytes(), "device_counter": s.device_counter, "nvml": s.nvml is not None,
+            "ru_maxrss_bytes": max(s.ru_maxrss_bytes, ru_maxrss_bytes()), "device_counter": s.device_counter,
+            "nvml": s.nvml is not None,
             "hwm_resettable": s.hwm_resettable, "local_params": local,
             "decode_tokens": engine.stats.decode_tokens, "prefill_tokens": engine.stats.prefill_tokens,
             "load_s": load_s, "step_s": step_s, "timeline": s.timeline()}

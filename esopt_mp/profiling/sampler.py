@@ -8,7 +8,9 @@ through ``/proc/self/clear_refs`` where Linux allows: it catches spikes that
 fall between two samples. Counters used, per figure:
 
 - ``host``: psutil RSS samples, max'ed with ``VmHWM`` per phase; ``ru_maxrss``
-  (lifetime high-water mark, never reset) is reported beside it.
+  beside it, read before each reset (clear_refs lowers it too) and max'ed: the
+  lifetime high-water mark. The kernel raises VmHWM lazily (on unmap, not when
+  memory is freed with madvise), so neither source alone is the peak.
 - ``device``: NVML ``usedGpuMemory`` of this process
   (``nvmlDeviceGetComputeRunningProcesses``) when the driver reports it, else
   the device's used memory (``nvmlDeviceGetMemoryInfo``, every process on it).
@@ -126,6 +128,7 @@ class MemorySampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.hwm_resettable = False
+        self.ru_maxrss_bytes = ru_maxrss_bytes()  # lifetime maximum, kept across the HWM resets
 
     # ------------------------------------------------------------------ sampling
     def sample(self) -> tuple[float, int, int | None]:
@@ -167,6 +170,7 @@ class MemorySampler:
             return
         import torch
 
+        self.ru_maxrss_bytes = max(self.ru_maxrss_bytes, ru_maxrss_bytes())
         name = self.marks[-1][1]
         extra = self.phase_extra.setdefault(name, {})
         hwm = _read_hwm() if self.hwm_resettable else None

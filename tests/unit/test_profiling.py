@@ -32,6 +32,7 @@ def test_sampler_sees_a_200mb_buffer_in_its_phase():
     assert 180 * MB < grown < 240 * MB, grown / MB
     assert peaks["freed"]["host_peak_bytes"] < peaks["alloc"]["host_peak_bytes"] - 150 * MB
     assert s.peak(("idle", "alloc"))["host_peak_bytes"] == peaks["alloc"]["host_peak_bytes"]
+    assert s.ru_maxrss_bytes >= peaks["alloc"]["host_peak_bytes"] - 8 * MB  # kept across the VmHWM resets
     tl = s.timeline()
     assert len(tl["t"]) == len(tl["host_rss"]) >= 7 and tl["device"] is None and len(tl["marks"]) == 3
 

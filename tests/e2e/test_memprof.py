@@ -1,0 +1,38 @@
+"""tools/memprof.py end to end on the tiny shape: stable JSON keys, both figures, host-by-design bytes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_memprof_tiny(tmp_path):
+    out = tmp_path / "mp"
+    proc = subprocess.run([sys.executable, "tools/memprof.py", "--shape", "tiny", "--out", str(out),
+                           "--profiles", "inference", "es_subtract", "es_snapshot_fp32_host",
+                           "--batch", "2", "--turns", "2", "--first-prompt", "8", "--turn-prompt", "4",
+                           "--new-tokens", "4"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r == json.loads((out / "memprof.json").read_text())
+    params = r["model"]["params"]
+    assert params == 298664 and r["model"]["tp"] == 1 and r["workload"]["context"] == 8 + 2 * 4 + 4
+    assert set(r["profiles"]) == {"inference", "es_subtract", "es_snapshot_fp32_host"}
+    for p in r["profiles"].values():
+        assert p["device_peak_bytes"] > 0 and p["host_peak_bytes"] > p["baseline_bytes"] > 0 and p["method"]
+    inf, es, fp32 = (r["profiles"][k] for k in ("inference", "es_subtract", "es_snapshot_fp32_host"))
+    assert es["decode_tokens"] == 2 * inf["decode_tokens"] == 2 * 2 * 2 * 4  # 2 members x 2 rows x 2 turns x 4 tokens
+    assert es["host_by_design_bytes"] == 0
+    assert 4 * params <= fp32["host_by_design_bytes"] < 4 * params + 64 * 200  # the fp32 master, 64 B aligned
+    assert set(fp32["phases"]) >= {"setup", "perturb", "rollouts", "restore", "update"}
+    assert r["ratios"]["es_over_inference"] == round(es["device_peak_bytes"] / inf["device_peak_bytes"], 4)
+    assert set(r["ratios"]) == {"es_over_inference", "grpo_over_es", "ppo_over_es"}
+    assert "prediction" in r and ("device-equivalent" in r["method"]) == (r["device"] == "cpu")
+    for png in ("memprof_bars.png", "memprof_timeline.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / ".ckpt-tiny").exists()  # the random checkpoint is removed unless --keep-checkpoint

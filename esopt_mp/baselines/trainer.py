@@ -26,12 +26,23 @@ from tqdm.auto import tqdm
 from esopt_mp.agent.loop import AgentConfig, follow_episodes
 from esopt_mp.baselines import build_baseline, build_token_batch
 from esopt_mp.config import TrainConfig
+from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.es.seeds import stream_seed
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import ParallelDims
 
 log = logging.getLogger(__name__)
+
+
+def rollout_sampling(engine_cfg, algo_cfg) -> SamplingParams:
+    """On-policy sampling: plain softmax(logits / T), the distribution the loss's log-probs are taken from.
+
+    The engine's top_p / top_k / min_p / presence penalty would make the samples come from another
+    distribution than the one the policy gradient and the KL assume (with no importance weight for it).
+    """
+    return SamplingParams(temperature=algo_cfg.temperature, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0,
+                          max_new_tokens=engine_cfg.max_new_tokens)
 
 
 class BaselineTrainer:
@@ -50,7 +61,7 @@ class BaselineTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
         self.objective = AgentObjective(cfg.env, cfg.engine, self.seed, self.model, self.tokenizer, dims, traj)
-        self.rollout_cfg = AgentConfig(cfg.env.max_turns, cfg.engine.sampling(cfg.algo.temperature))
+        self.rollout_cfg = AgentConfig(cfg.env.max_turns, rollout_sampling(cfg.engine, cfg.algo))
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
         self.config_hash = cfg.hash(path)
         if dims.rank == 0:

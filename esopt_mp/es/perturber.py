@@ -235,8 +235,12 @@ class Perturber:
                         m.mul_(decay)
                     m.add_(acc.to(m.device))
                     flat[a:b].copy_(m)
-                elif decay != 1.0:
-                    flat[a:b].copy_(acc.add_(flat[a:b], alpha=decay))
-                else:
-                    flat[a:b].add_(acc)
+                else:  # block by block: a mixed-dtype in-place op upcasts its operands, so its temporaries
+                    for c in range(0, b - a, self.block):  # are block-sized, not 2 more fp32 chunks (memprof)
+                        d = min(b - a, c + self.block)
+                        w_ = flat[a + c : a + d]
+                        if decay != 1.0:
+                            w_.copy_(acc[c:d].add_(w_, alpha=decay))
+                        else:
+                            w_.add_(acc[c:d])
         self._snapshot = None  # stale: refreshed at the next perturb

@@ -238,11 +238,9 @@ def predict(config, *, algo: str, tp: int = 1, batch: int, context: int, new_tok
         transient, phase, off = rollout, "rollout", {}
         if algo == "es":
             block = max(1 << 14, min(1 << 17, chunk_elems // 128))
-            # fp32 accumulator + noise block; without an fp32 master the update adds the fp32 chunk into
-            # low-precision weights in place, and torch's type promotion holds two more fp32 chunk temporaries
-            # (weights upcast, sum) -- measured: 2 x 64 MB at chunk 2^24 on bf16 (tools/memmodel.py --calibrate)
-            mixed = master == "none" and s < 4
-            es_chunk = (3 if mixed else 1) * 4 * min(chunk_elems, max(p.numel for p in shards)) + 40 * block
+            # fp32 accumulator + noise block (the update applies the sum block by block, so the mixed-dtype
+            # add's temporaries are block-sized: esopt_mp/es/perturber.py)
+            es_chunk = 4 * min(chunk_elems, max(p.numel for p in shards)) + 40 * block
             if es_chunk > sum(rollout.values()):
                 transient, phase, off = {"es_chunk": es_chunk}, "update", rollout
             else:

@@ -134,3 +134,13 @@ def test_default_config_composes_with_each_algo():
             assert cfg.algo.name == name
         grpo = build_config(OmegaConf.to_container(compose("config", overrides=["algo=grpo"]), resolve=True)).algo
         assert (grpo.beta, grpo.clip, grpo.generations) == (1e-3, 0.2, 8)
+
+
+def test_rollouts_sample_from_the_distribution_the_loss_scores():
+    """top_p / top_k / min_p / presence penalty would make GRPO/PPO off-policy without an importance weight."""
+    from esopt_mp.baselines.trainer import rollout_sampling
+    from esopt_mp.config import AlgoConfig, EngineConfig
+
+    p = rollout_sampling(EngineConfig(top_p=0.8, top_k=20, min_p=0.05, presence_penalty=1.5, max_new_tokens=33),
+                         AlgoConfig(name="grpo", temperature=0.9))
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.presence_penalty, p.max_new_tokens) == (0.9, 1.0, 0, 0.0, 0.0, 33)

@@ -89,9 +89,8 @@ def test_es_modes_put_their_copies_on_the_host():
     assert predict(cfg, algo="es", restore="snapshot", **W).host == {"snapshot": 2 * n}
     assert predict(cfg, algo="es", restore="snapshot", master="fp32_host", **W).host == {"fp32_master": 4 * n}
     chunk = lambda p: p.off_peak.get("es_chunk") or p.device["es_chunk"]  # noqa: E731
-    # bf16 weights without a master: accumulator + the mixed-precision add's two fp32 temporaries; fp32 master: one
-    assert chunk(sub) == 3 * 4 * (1 << 24) + 40 * (1 << 17)
-    assert chunk(predict(cfg, algo="es", restore="snapshot", master="fp32_host", **W)) == 4 * (1 << 24) + 40 * (1 << 17)
+    assert chunk(sub) == chunk(predict(cfg, algo="es", restore="snapshot", master="fp32_host", **W))
+    assert chunk(sub) == 4 * (1 << 24) + 40 * (1 << 17)  # one fp32 chunk + one noise block's temporaries
 
 
 @pytest.mark.parametrize("key,value", [("algo", "dpo"), ("tp", 0), ("dtype", "int8"), ("zero_stage", 4),

@@ -256,10 +256,11 @@ class AlgoConfig:
 
     def validate(self, key: str = "algo") -> None:
         _check(self.name in ALGOS, f"{key}", f"unknown algorithm {self.name!r}; known: {', '.join(ALGOS)}")
-        for k in ("lr", "clip"):
+        for k in ("lr", "value_clip"):
             v = getattr(self, k)
             _check(math.isfinite(v) and v > 0, f"{key}.{k}", f"must be finite and > 0, got {v}")
-        for k in ("beta", "max_grad_norm", "weight_decay", "temperature", "adv_eps", "vf_coef", "value_clip"):
+        _check(0 < self.clip < 1, f"{key}.clip", f"must be in (0, 1) (the ratio's range is [1-clip, 1+clip]), got {self.clip}")
+        for k in ("beta", "max_grad_norm", "weight_decay", "temperature", "adv_eps", "vf_coef"):
             v = getattr(self, k)
             _check(math.isfinite(v) and v >= 0, f"{key}.{k}", f"must be finite and >= 0, got {v}")
         for k in ("gamma", "lam"):

@@ -50,23 +50,30 @@ class GRPO(_ClippedPG):
 
 
 class PPO(_ClippedPG):
-    """Value head on the last hidden state; GAE over turns (values at each turn's last generated token)."""
+    """Value head on the last hidden state; GAE over turns.
+
+    V_k is read at ``turn_start`` (``s_k - 1``, the last token before turn ``k``'s reply, as verl
+    does): the state the turn is generated from. Read after the reply it would be Q(s, a), and
+    the advantage would shrink to 0 as the value head fits the reward.
+    """
 
     value_head_size = 1
 
     def _prepare(self, batch: TokenBatch) -> dict:
         ctx = self._old_and_ref(batch, values=True)
-        adv_t, ret_t = gae_over_turns(ctx["old_values"], batch.turn_end, batch.rewards, self.cfg.gamma, self.cfg.lam)
-        adv = broadcast_turns(adv_t, batch.loss_mask, batch.turn_end)
+        adv_t, ret_t = gae_over_turns(ctx["old_values"], batch.turn_start, batch.rewards, self.cfg.gamma, self.cfg.lam)
+        adv = broadcast_turns(adv_t, batch.loss_mask, batch.turn_start)
         ctx["adv"] = whiten(adv, batch.loss_mask) if batch.loss_mask.sum() > 1 else adv
         ctx["returns"] = ret_t
-        ctx["stats"] = {"value_mean": float(ctx["old_values"][batch.turn_end].mean()) if batch.turn_end.any() else 0.0}
+        starts = batch.turn_start
+        ctx["stats"] = {"value_mean": float(ctx["old_values"][starts].mean()) if starts.any() else 0.0,
+                        "adv_abs_mean": float(adv_t[starts].abs().mean()) if starts.any() else 0.0}  # before whitening
         return ctx
 
     def _loss(self, mb: TokenBatch, ctx: dict, norm: dict):
         logp, values = self.forward(self.model, mb, values=True)
         loss, stats = self._policy_terms(mb, ctx, logp, norm)
         vl = clipped_value_loss(values, ctx["old_values"], ctx["returns"], self.cfg.value_clip)
-        v_loss = (vl * mb.turn_end.float()).sum() / norm["turn_ends"]  # mean over the minibatch's turns
+        v_loss = (vl * mb.turn_start.float()).sum() / norm["turns"]  # mean over the minibatch's turns
         stats["value_loss"] = float(v_loss.detach())
         return loss + self.cfg.vf_coef * v_loss, stats

@@ -4,8 +4,11 @@ An episode's ``token_ids`` interleave what the model generated (every
 assistant turn, ``Episode.spans``) with what it was shown (system/user
 prompts, environment feedback, the chat-format glue the loop inserts). Only
 generated tokens carry a policy gradient, so ``loss_mask`` is True exactly on
-the span positions; ``turn_end`` marks each span's last token, where PPO reads
-the value of the state after that turn.
+the span positions; ``turn_end`` marks each span's last token. ``turn_start``
+marks the position just before a span's first token (``s_k - 1``, the last
+token the model was shown): PPO reads V_k there, at the state turn ``k`` is
+generated from. The hidden state at ``turn_end`` has already seen the reply,
+so a value read there is Q(s, a) and the advantage collapses once it fits.
 """
 from __future__ import annotations
 
@@ -23,6 +26,16 @@ class TokenBatch:
     turn_end: torch.Tensor  # [B, T] bool: last generated token of an assistant turn
     rewards: torch.Tensor  # [B] float32 terminal returns
     group: torch.Tensor  # [B] long: task index (GRPO's advantage groups)
+    turn_start: torch.Tensor | None = None  # [B, T] bool: s_k - 1 of each turn k (None: from loss_mask/turn_end)
+
+    def __post_init__(self):
+        if self.turn_start is None:  # a turn begins where a generated token follows a shown one or a turn's end
+            m = self.loss_mask
+            prev_open = torch.nn.functional.pad(m[:, :-1] & ~self.turn_end[:, :-1], (1, 0))
+            first = m & ~prev_open
+            self.turn_start = torch.nn.functional.pad(first[:, 1:], (0, 1))
+            if first[:, :1].any():
+                raise ValueError("a generated token at position 0 has no context (turn_start would be -1)")
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -45,6 +58,7 @@ def _from_rows(ids: list[list[int]], spans: list[list[tuple[int, int]]], rewards
     attention = torch.zeros((b, width), dtype=torch.long)
     loss_mask = torch.zeros((b, width), dtype=torch.bool)
     turn_end = torch.zeros((b, width), dtype=torch.bool)
+    turn_start = torch.zeros((b, width), dtype=torch.bool)
     for r, (row, sp) in enumerate(zip(ids, spans)):
         input_ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
         attention[r, : len(row)] = 1
@@ -54,8 +68,9 @@ def _from_rows(ids: list[list[int]], spans: list[list[tuple[int, int]]], rewards
             if e > s:
                 loss_mask[r, s:e] = True
                 turn_end[r, e - 1] = True
+                turn_start[r, s - 1] = True
     return TokenBatch(input_ids, attention, loss_mask, turn_end, torch.tensor(rewards, dtype=torch.float32),
-                      torch.tensor(groups, dtype=torch.long)).to(device or "cpu")
+                      torch.tensor(groups, dtype=torch.long), turn_start).to(device or "cpu")
 
 
 def build_token_batch(episodes, pad_id: int, device=None, groups=None) -> TokenBatch:

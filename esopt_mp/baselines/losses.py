@@ -3,7 +3,7 @@
 TRL computes these inside its trainers (``GRPOTrainer._compute_loss``) over a
 single completion per prompt; here a conversation holds several generated
 spans separated by environment tokens, so the same formulas run on
-``TokenBatch.loss_mask`` / ``turn_end`` instead of a completion mask.
+``TokenBatch.loss_mask`` / ``turn_start`` instead of a completion mask.
 """
 from __future__ import annotations
 
@@ -56,17 +56,18 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
     return 0.5 * torch.maximum((values - returns) ** 2, (v_clipped - returns) ** 2)
 
 
-def gae_over_turns(values: torch.Tensor, turn_end: torch.Tensor, rewards: torch.Tensor, gamma: float, lam: float):
-    """GAE with one step per assistant turn; (advantage, return) ``[B, T]`` at the turn-end positions.
+def gae_over_turns(values: torch.Tensor, turn_pos: torch.Tensor, rewards: torch.Tensor, gamma: float, lam: float):
+    """GAE with one step per assistant turn; (advantage, return) ``[B, T]`` at the ``turn_pos`` positions.
 
-    Turn ``k`` of an episode with ``K`` turns: reward 0 except ``R`` after the
-    last turn, ``delta_k = r_k + gamma V_{k+1} - V_k`` (``V_K = 0``: terminal),
-    ``A_k = delta_k + gamma lam A_{k+1}``, return ``A_k + V_k``.
+    ``turn_pos`` marks where each turn's state value V_k is read (``TokenBatch.turn_start``:
+    the state before the turn's reply). Turn ``k`` of an episode with ``K`` turns: reward 0
+    except ``R`` after the last turn, ``delta_k = r_k + gamma V_{k+1} - V_k`` (``V_K = 0``:
+    terminal), ``A_k = delta_k + gamma lam A_{k+1}``, return ``A_k + V_k``.
     """
     adv = torch.zeros_like(values, dtype=torch.float32)
     ret = torch.zeros_like(values, dtype=torch.float32)
     for b in range(values.shape[0]):
-        pos = turn_end[b].nonzero().squeeze(-1)
+        pos = turn_pos[b].nonzero().squeeze(-1)
         v = values[b, pos].float()
         a_next, v_next = 0.0, 0.0
         for k in range(len(pos) - 1, -1, -1):
@@ -77,17 +78,17 @@ def gae_over_turns(values: torch.Tensor, turn_end: torch.Tensor, rewards: torch.
     return adv, ret
 
 
-def broadcast_turns(per_turn: torch.Tensor, loss_mask: torch.Tensor, turn_end: torch.Tensor) -> torch.Tensor:
-    """Copy each turn's value (stored at its ``turn_end`` position) onto every generated token of that turn."""
-    # turn index of position t = number of turn ends strictly before t; a turn's tokens all precede its end
-    turn_id = torch.cumsum(turn_end.long(), 1) - turn_end.long()
-    ends = torch.zeros_like(per_turn)
+def broadcast_turns(per_turn: torch.Tensor, loss_mask: torch.Tensor, turn_start: torch.Tensor) -> torch.Tensor:
+    """Copy each turn's value (stored at its ``turn_start`` position, ``s_k - 1``) onto the turn's generated tokens."""
+    # turn index of generated position t = (number of turn starts strictly before t) - 1: turn k's start s_k - 1
+    # precedes its tokens, and turn k+1's start (>= e_k - 1, its last token) is not strictly before any of them
+    turn_id = torch.cumsum(turn_start.long(), 1) - turn_start.long() - 1
     out = torch.zeros_like(per_turn)
     for b in range(per_turn.shape[0]):
-        vals = per_turn[b, turn_end[b]]
+        vals = per_turn[b, turn_start[b]]
         if len(vals):
-            ids = turn_id[b].clamp(max=len(vals) - 1)
-            out[b] = torch.where(loss_mask[b], vals[ids], ends[b])
+            ids = turn_id[b].clamp(min=0, max=len(vals) - 1)
+            out[b] = torch.where(loss_mask[b], vals[ids], out[b])
     return out
 
 

@@ -3,11 +3,15 @@
 As a real trainer keeps it: AdamW with fp32 states; when the model's weights
 are bf16/fp16 an fp32 master copy is what AdamW updates, and the weights are
 refreshed from it after each step. Data parallelism averages gradients over
-the dp group (:func:`esopt_mp.parallel.average_grads`, DDP's all-reduce);
-with tensor parallelism every parameter is a DTensor and the optimizer works
+the dp group (:func:`esopt_mp.parallel.average_grads`, DDP's all-reduce), so
+at dp > 1 the loss is the mean of the ranks' token means, not one token mean
+over all ranks' tokens (a rank with fewer generated tokens weighs its tokens
+more, as in DDP); with tensor parallelism every parameter is a DTensor and the optimizer works
 on each rank's local shard (Adam is elementwise), the clipping norm summing
 the shards' squares over the tp group. ``algo.zero_stage`` > 0 hands all of
 this to DeepSpeed's engine (ZeRO 1-3, its own fp32 master and bf16 settings).
+Micro-batch gradients of low-precision weights are summed into the fp32
+master's grad after each backward (never accumulated in bf16 ``p.grad``).
 Subclasses define the loss (:meth:`_prepare`, :meth:`_loss`).
 """
 from __future__ import annotations
@@ -93,7 +97,8 @@ class PolicyOptimizer:
 
     # ------------------------------------------------------------------ parameters
     def _init_adamw(self) -> None:
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.names, self.params = [n for n, _ in named], [p for _, p in named]
         self.locals = [_local(p.data) for p in self.params]
         # fp32 weights: AdamW updates the (local shard of the) weight itself; else an fp32 master
         self.masters = [w if w.dtype == torch.float32 else w.detach().float().clone() for w in self.locals]
@@ -123,11 +128,16 @@ class PolicyOptimizer:
         log.info("DeepSpeed ZeRO stage %d engine (one forward/backward per minibatch)", self.cfg.zero_stage)
 
     def state_dict(self) -> dict:
-        """Local weights (this rank's shards) and optimizer state, for ``torch.save``."""
+        """Local weights (this rank's shards) and optimizer state, for ``torch.save``; with low-precision
+        weights also the fp32 master (``"master"``, by parameter name): the bf16 weights are only its rounding,
+        and AdamW's small steps would be lost resuming from them."""
         if self.engine is not None:
             return {"module": self.engine.module.state_dict(), "updates": self.updates}
         sd = {"model": {k: _local(v).detach().cpu() for k, v in self.model.state_dict().items()},
               "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        masters = {n: m.detach().cpu() for n, w, m in zip(self.names, self.locals, self.masters) if m is not w}
+        if masters:
+            sd["master"] = masters
         if self.value_head is not None:
             sd["value_head"] = self.value_head.state_dict()
         return sd
@@ -168,12 +178,18 @@ class PolicyOptimizer:
         cfg, dims = self.cfg, self.dims
         batch = batch.to(self.device)
         self.model.eval()
-        with torch.no_grad():
-            ctx = self._prepare(batch)  # old log-probs, reference log-probs, advantages (before any step)
+        ctx: dict = {}
+        if len(batch):  # no usable episode (all failed): no forward, but still this rank's share of the steps
+            with torch.no_grad():
+                ctx = self._prepare(batch)  # old log-probs, reference log-probs, advantages (before any step)
         self.model.train()
-        # every dp rank must take the same number of optimizer steps (each one all-reduces)
-        n_local = 1 if cfg.minibatch <= 0 else max(1, math.ceil(len(batch) / cfg.minibatch))
+        # every dp rank must take the same number of optimizer steps (each one all-reduces); 0 if all are empty
+        n_local = 0 if not len(batch) else 1 if cfg.minibatch <= 0 else math.ceil(len(batch) / cfg.minibatch)
         n_mb = int(dims.comm.all_reduce(torch.tensor([n_local]), "max", "dp")[0]) if dims.dp > 1 else n_local
+        if n_mb == 0:
+            self.model.eval()
+            log.warning("update: no usable episode on any rank; no optimizer step")
+            return {"episodes": 0.0}
         g = torch.Generator().manual_seed(self.updates)
         totals: dict[str, float] = {}
         steps = 0
@@ -188,10 +204,11 @@ class PolicyOptimizer:
         self.updates += 1
         out = {k: v / steps for k, v in totals.items()}
         out.update(ctx.get("stats", {}))
+        out["episodes"] = float(len(batch))
         return out
 
     def _minibatch(self, batch: TokenBatch, ctx: dict, rows: torch.Tensor) -> dict:
-        norm = {"tokens": max(1, int(batch.loss_mask[rows].sum())), "turn_ends": max(1, int(batch.turn_end[rows].sum()))}
+        norm = {"tokens": max(1, int(batch.loss_mask[rows].sum())), "turns": max(1, int(batch.turn_start[rows].sum()))}
         micro = self.cfg.micro_batch if self.engine is None else 0
         sums: dict[str, float] = {}
         for mrows in (self._chunks(rows, micro) if len(rows) else []):
@@ -204,10 +221,25 @@ class PolicyOptimizer:
                 self.engine.backward(loss)
             else:
                 loss.backward()
+                self._accumulate()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
+        if not len(rows) and self.engine is not None:  # ZeRO reduces in backward hooks: join them with zeros
+            self.engine.backward(sum((p * 0).sum() for p in self.engine.module.parameters() if p.requires_grad))
         sums["grad_norm"] = self._step()
         return sums
+
+    def _accumulate(self) -> None:
+        """Move this backward's gradients into the masters' (fp32) grads: summing micro-batches in bf16
+        ``p.grad`` would round the sum at every addition."""
+        for p, m in zip(self.params, self.masters):
+            if p.grad is not None:
+                g = _local(_like_param(p.grad, p))
+                if m.grad is None:
+                    m.grad = g.float() if g.dtype != torch.float32 else g
+                else:
+                    m.grad.add_(g.float())
+                p.grad = None
 
     def _step(self) -> float:
         """Average, clip, AdamW-step the gradients of one minibatch; the pre-clip gradient norm."""
@@ -215,12 +247,12 @@ class PolicyOptimizer:
             self.engine.step()
             norm = self.engine.get_global_grad_norm()
             return float(norm) if norm is not None else math.nan
+        self._accumulate()  # a backward not followed by _accumulate (e.g. a caller's own loss)
         grads = []
-        for p, w, m in zip(self.params, self.locals, self.masters):
-            g = torch.zeros_like(w) if p.grad is None else _local(_like_param(p.grad, p))
-            m.grad = g if m is w else g.float()
+        for m in self.masters:
+            if m.grad is None:  # no gradient on this rank (e.g. an empty batch): it still joins the average
+                m.grad = torch.zeros_like(m)
             grads.append(m.grad)
-            p.grad = None
         extra = [q.grad if q.grad is not None else torch.zeros_like(q) for q in
                  (self.value_head.parameters() if self.value_head is not None else [])]
         for q, gq in zip(self.value_head.parameters() if self.value_head is not None else [], extra):

@@ -25,7 +25,7 @@ def _grads(name: str, model, dims, batch):
         ctx = opt._prepare(batch)
     # move the policy away from the reference so the KL term has a gradient too
     ctx["ref_logp"] = ctx["ref_logp"] - 0.1 * torch.arange(batch.input_ids.shape[1])[None]
-    loss, _ = opt._loss(batch, ctx, {"tokens": int(batch.loss_mask.sum()), "turn_ends": int(batch.turn_end.sum())})
+    loss, _ = opt._loss(batch, ctx, {"tokens": int(batch.loss_mask.sum()), "turns": int(batch.turn_start.sum())})
     loss.backward()
     out = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
            for n, p in model.named_parameters()}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from esopt_mp.baselines import synthetic_token_batch
-from esopt_mp.baselines.batch import _from_rows
+from esopt_mp.baselines.batch import TokenBatch, _from_rows
 from esopt_mp.baselines.losses import (broadcast_turns, clipped_policy_loss, clipped_value_loss, gae_over_turns,
                                        group_advantages, k3_kl, token_logprobs, whiten)
 
@@ -54,10 +54,17 @@ def test_gae_over_turns_by_hand():
 
 def test_broadcast_turns_copies_each_turn_to_its_tokens():
     loss_mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 1, 0]], dtype=torch.bool)
-    turn_end = torch.tensor([[0, 0, 1, 0, 0, 0, 0, 1, 0]], dtype=torch.bool)
+    turn_start = torch.tensor([[1, 0, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool)  # s_k - 1 of each turn
     per_turn = torch.zeros(1, 9)
-    per_turn[0, 2], per_turn[0, 7] = 3.0, -1.0
-    assert broadcast_turns(per_turn, loss_mask, turn_end).tolist() == [[0, 3, 3, 0, 0, -1, -1, -1, 0]]
+    per_turn[0, 0], per_turn[0, 4] = 3.0, -1.0
+    assert broadcast_turns(per_turn, loss_mask, turn_start).tolist() == [[0, 3, 3, 0, 0, -1, -1, -1, 0]]
+    # back-to-back turns: turn 2 starts at turn 1's last token, which still belongs to turn 1
+    adj = _from_rows([[1, 2, 3, 4, 5]], [[(1, 3), (3, 5)]], [1.0], [0], pad_id=0)
+    assert adj.turn_start[0].nonzero().squeeze(-1).tolist() == [0, 2]
+    derived = TokenBatch(adj.input_ids, adj.attention_mask, adj.loss_mask, adj.turn_end, adj.rewards, adj.group)
+    assert torch.equal(derived.turn_start, adj.turn_start)
+    per_turn = torch.tensor([[7.0, 0.0, 9.0, 0.0, 0.0]])
+    assert broadcast_turns(per_turn, adj.loss_mask, adj.turn_start).tolist() == [[0, 7, 7, 9, 9]]
 
 
 def test_clipped_value_loss_by_hand():
@@ -89,6 +96,10 @@ def test_synthetic_batch_layout():
     assert b.input_ids.shape == (4, 10 + 3 * 4 + 2 * 5) and bool(b.attention_mask.all())
     assert b.loss_mask[0].nonzero().squeeze(-1).tolist() == [10, 11, 12, 13, 19, 20, 21, 22, 28, 29, 30, 31]
     assert b.turn_end[0].nonzero().squeeze(-1).tolist() == [13, 22, 31]
+    assert b.turn_start[0].nonzero().squeeze(-1).tolist() == [9, 18, 27]  # the last prompt token before each reply
+    # a TokenBatch built without turn_start (e.g. by the profiler) derives the same positions
+    fields = {f: getattr(b, f) for f in ("input_ids", "attention_mask", "loss_mask", "turn_end", "rewards", "group")}
+    assert torch.equal(TokenBatch(**fields).turn_start, b.turn_start)
     assert b.group.tolist() == [0, 0, 1, 1] and set(b.rewards.tolist()) <= {0.0, 1.0}
 
 

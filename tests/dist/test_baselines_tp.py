@@ -1,8 +1,9 @@
 """Baselines under model parallelism (gloo, 2 spawned ranks, fp32 tiny agent).
 
 tp=2: the gradient computed on the DTensor-sharded model equals the tp=1
-gradient of the same loss (and so does the clipping norm); dp=2: replicas fed
-different episodes stay identical after an update (gradients averaged).
+gradient of the same loss (and so does the clipping norm); dp=2: each rank's
+stepped gradient is the mean of the ranks' local gradients, replicas fed
+different episodes (or none at all) stay identical after an update.
 """
 import json
 import os
@@ -68,21 +69,55 @@ def test_tp2_gradient_equals_tp1(tmp_path):
 
 def _dp_worker(rank: int, world: int, out_dir: str) -> None:
     from esopt_mp.baselines import build_baseline, synthetic_token_batch
+    from esopt_mp.baselines.batch import _from_rows
     from esopt_mp.config import AlgoConfig
     from esopt_mp.models import load_model
     from esopt_mp.parallel import check_replicas, discover, init_distributed
 
+    torch.set_num_threads(1)
     dims = init_distributed(discover(), 2, 1, backend="gloo")
-    model = load_model(TINY, dims, "float32")
-    before = [p.detach().clone() for p in model.parameters()]
     # each replica sees other episodes (seed = rank), and a different number of them (minibatches agree)
     batch = synthetic_token_batch(4 + 2 * rank, 2, 12, 6, 5, 512, 2, seed=rank)
     batch.rewards = torch.arange(len(batch)).float() % 2
+
+    # the gradient AdamW steps on is the mean of the ranks' local gradients (no clipping here)
+    model = load_model(TINY, dims, "float32")
+    opt = build_baseline("grpo", model, AlgoConfig(name="grpo", lr=1e-3, beta=0.0, max_grad_norm=0.0), dims)
+    with torch.no_grad():
+        ctx = opt._prepare(batch)
+    loss, _ = opt._loss(batch, ctx, {"tokens": int(batch.loss_mask.sum()), "turns": int(batch.turn_start.sum())})
+    loss.backward()
+    local = [p.grad.clone() for p in opt.params]
+    stepped = []
+    step = opt.optimizer.step
+    opt.optimizer.step = lambda: (stepped.append([m.grad.clone() for m in opt.masters]), step())[1]
+    opt._step()
+    torch.save({"local": local, "stepped": stepped[0]}, os.path.join(out_dir, f"grads{rank}.pt"))
+
+    model = load_model(TINY, dims, "float32")
+    before = [p.detach().clone() for p in model.parameters()]
     opt = build_baseline("grpo", model, AlgoConfig(name="grpo", lr=1e-3, minibatch=2 + rank), dims)
     opt.update(batch)
     check_replicas([(n, p.data) for n, p in model.named_parameters()], dims)  # raises if they drifted
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
+    # rank 1 has no usable episode: it joins rank 0's two minibatch steps with zero gradients (no hang)
+    model = load_model(TINY, dims, "float32")
+    before = [p.detach().clone() for p in model.parameters()]
+    mine = batch if rank == 0 else _from_rows([], [], [], [], pad_id=0)
+    stats = build_baseline("grpo", model, AlgoConfig(name="grpo", lr=1e-3, minibatch=2), dims).update(mine)
+    assert stats["episodes"] == len(mine)
+    check_replicas([(n, p.data) for n, p in model.named_parameters()], dims)
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
-def test_dp2_replicas_stay_identical(tmp_path):
+
+def test_dp2_gradients_averaged_and_replicas_stay_identical(tmp_path):
     run_world(2, _dp_worker, str(tmp_path))
+    g0, g1 = (torch.load(tmp_path / f"grads{r}.pt") for r in range(2))
+    worst = 0.0
+    for a, b, s0, s1 in zip(g0["local"], g1["local"], g0["stepped"], g1["stepped"]):
+        mean = (a + b) / 2
+        scale = mean.abs().max() + 1e-12
+        worst = max(worst, float((s0 - mean).abs().max() / scale), float((s1 - mean).abs().max() / scale))
+    assert worst < 1e-5, worst  # a sum instead of a mean would be off by 1x
+    assert any(not torch.equal(a, b) for a, b in zip(g0["local"], g1["local"]))  # the ranks really differed

@@ -94,6 +94,13 @@ def test_bf16_weights_keep_fp32_master_and_states():
     assert all(torch.equal(w, m.bfloat16()) for w, m in zip(opt.locals, opt.masters))
     assert not torch.equal(_params(before), _params(model))
     assert opt.ref is not None and torch.equal(_params(opt.ref), _params(before))  # frozen reference
+    # the checkpoint keeps the fp32 master (the bf16 weights are only its rounding)
+    sd = opt.state_dict()
+    assert list(sd["master"]) == [n for n, _ in model.named_parameters()]
+    assert all(torch.equal(sd["master"][n], m) for n, m in zip(opt.names, opt.masters))
+    assert any(not torch.equal(m, m.bfloat16().float()) for m in sd["master"].values())
+    fp32 = build_baseline("grpo", load_model(TINY, DIMS), AlgoConfig(name="grpo", beta=0.0), DIMS)
+    assert "master" not in fp32.state_dict()  # fp32 weights are the master
 
 
 def test_ppo_value_head_is_fp32_and_learns():
@@ -116,6 +123,9 @@ def test_algo_config_validation_and_hash():
         build_config({"algo": {"name": "grpo"}})  # the default objective is target_logprob
     with pytest.raises(ConfigError, match=r"algo\.zero_stage"):
         build_config({"objective": {"name": "agent"}, "algo": {"name": "ppo", "zero_stage": 4}})
+    for bad in ({"clip": 1.0}, {"clip": 0.0}, {"clip": float("nan")}, {"value_clip": 0.0}):
+        with pytest.raises(ConfigError, match=rf"algo\.{next(iter(bad))}: must be"):
+            build_config({"objective": {"name": "agent"}, "algo": {"name": "ppo", **bad}})
     with pytest.raises(ConfigError, match=r"algo\.tasks_per_step"):
         build_config({"objective": {"name": "agent"}, "parallel": {"dp": 8}, "algo": {"name": "grpo"}}, 8)
     a, b = TrainConfig(), TrainConfig()

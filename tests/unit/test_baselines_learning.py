@@ -31,7 +31,7 @@ def _returns(tmp_path, algo: dict, steps: int) -> list[float]:
 
 def _assert_learns(rets: list[float]) -> None:
     first, last = sum(rets[:3]) / 3, sum(rets[-3:]) / 3
-    assert last > first + 0.25, rets  # measured, mean of first 3 -> last 3: GRPO 0.16 -> 0.70, PPO 0.33 -> 0.74
+    assert last > first + 0.25, rets  # measured, mean of first 3 -> last 3: GRPO 0.16 -> 0.70, PPO 0.34 -> 0.75 (V at s_k - 1)
 
 
 def test_grpo_improves_training_return(tmp_path):

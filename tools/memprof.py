@@ -8,11 +8,10 @@ rank, so no peak leaks from one profile into the next. Prints one JSON object
 (also written to OUT/memprof.json) and writes OUT/memprof_bars.png and
 OUT/memprof_timeline.png.
 
-ES chunk: the update streams the weights in chunks of --chunk-elems with an fp32 accumulator,
-and on bf16 weights the in-place mixed-dtype add (``flat.add_(acc)``) materialises two more
-fp32 temporaries of the chunk: the update holds ~3 x chunk_elems x 4 bytes. With the trainer's
-default es.chunk_elems = 2^24 that is ~200 MB, 18% of the 0.46 B shape's inference peak
-(measured: ES subtract / inference = 1.12); the default here is 2^20 (~13 MB), small vs the model.
+ES chunk: the update streams the weights in chunks of --chunk-elems (default: the trainer's
+es.chunk_elems, 2^24) with one fp32 accumulator and applies the sum block by block, so an ES step
+adds about chunk_elems x 4 bytes to the inference peak. (Before the blockwise apply, the in-place
+mixed-dtype add on bf16 weights held two more fp32 chunk temporaries: measured 1.12x inference.)
 
 Usage:
   python tools/memprof.py --shape 0.4b --profiles inference es_subtract es_snapshot es_snapshot_fp32_host

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import traceback
 
 import torch
@@ -31,13 +32,24 @@ def _entry(rank: int, world: int, port: int, fn, args, errors):
             dist.destroy_process_group()
 
 
-def run_world(world: int, fn, *args, timeout: float = 300.0) -> None:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; re-raise the first failure."""
+def run_world(world: int, fn, *args, timeout: float = 600.0) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; re-raise the first failure.
+
+    A world still running after ``timeout`` seconds (a rank stuck in a collective its peers never
+    joined) is killed and reported, instead of hanging the caller.
+    """
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
+    deadline = time.monotonic() + timeout
     try:
-        mp.start_processes(_entry, args=(world, free_port(), fn, args, errors), nprocs=world, join=True,
-                           start_method="spawn")
+        procs = mp.start_processes(_entry, args=(world, free_port(), fn, args, errors), nprocs=world, join=False,
+                                   start_method="spawn")
+        while not procs.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in procs.processes:
+                    p.kill()
+                raise AssertionError(f"a world of {world} ranks was still running after {timeout:g} s "
+                                     f"(a rank waiting in a collective its peers never joined?)")
     except Exception as exc:
         msgs = []
         while not errors.empty():

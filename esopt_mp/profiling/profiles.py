@@ -32,7 +32,7 @@ class ProfileOptions:
     population: int = 2  # ES members per step (memory does not grow with it: members run one after another)
     sigma: float = 1e-3
     alpha: float = 1e-3
-    chunk_elems: int = 1 << 20  # small vs the model: the update holds ~3 fp32 chunks (tools/memprof.py)
+    chunk_elems: int = 1 << 24  # the trainer's es.chunk_elems default: profiles measure what training runs
     grad_checkpointing: bool = False
     seed: int = 0
 

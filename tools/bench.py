@@ -133,19 +133,27 @@ def section_comm(a) -> dict:
 
 
 def section_memory(a) -> dict:
+    """memprof's ratios: from a run of its own here, or (``--memprof-json``) a report it wrote earlier."""
     script = os.path.join(ROOT, "tools", "memprof.py")
-    if not os.path.isfile(script):
-        return {"error": "tools/memprof.py not found"}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = a.memprof_out or tmp
-        cmd = [sys.executable, script, "--shape", a.memprof_shape, "--out", out]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.memprof_timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd[1:])} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-        rep = _memprof_report(proc.stdout, out)
+    if getattr(a, "memprof_json", None):
+        with open(a.memprof_json) as f:
+            rep = json.load(f)
+        source = f"report {a.memprof_json} (measured side by side in that memprof run)"
+    else:
+        if not os.path.isfile(script):
+            return {"error": "tools/memprof.py not found"}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = a.memprof_out or tmp
+            cmd = [sys.executable, script, "--shape", a.memprof_shape, "--out", out]
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.memprof_timeout)
+            try:  # a failed profile still leaves the others' report (its "errors" say which)
+                rep = _memprof_report(proc.stdout, out)
+            except RuntimeError:
+                raise RuntimeError(f"{' '.join(cmd[1:])} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        source = f"python tools/memprof.py --shape {a.memprof_shape}"
     profiles = rep["profiles"]
-    return {"command": f"python tools/memprof.py --shape {a.memprof_shape}", "model": rep.get("model"),
-            "nvml": rep.get("nvml"), "method": rep.get("method"),
+    return {"command": source, "model": rep.get("model"), "nvml": rep.get("nvml"), "method": rep.get("method"),
+            "errors": rep.get("errors") or {},
             "device_peak_bytes": {k: p["device_peak_bytes"] for k, p in profiles.items()},
             "host_peak_bytes": {k: p.get("host_peak_bytes") for k, p in profiles.items()},
             "headline": dict(rep["ratios"])}
@@ -245,6 +253,9 @@ def markdown(report: dict) -> str:
             cell = "error"
         else:
             continue
+        if key.startswith("memory.") and sec.get("model"):  # which shape the memory ratios were measured on
+            mdl = sec["model"]
+            what = f"{what} ({mdl.get('shape')}, {mdl.get('params', 0) / 1e9:.2f} B params, tp={mdl.get('tp')})"
         rows.append(f"| `{key}` | {cell} | {what} |")
     head = (f"`{report['command']}` on {m['device']}, {m['cpus_usable']} CPUs, torch {m['torch']} "
             f"({report['seconds_total']:.0f} s)")
@@ -263,6 +274,8 @@ def main() -> None:
     ap.add_argument("--comm-layouts", default="2x1,2x2", help="DPxTP worlds for the comm section")
     ap.add_argument("--memprof-shape", default="tiny", help="tools/memprof.py --shape (e.g. tiny, 0.4b)")
     ap.add_argument("--memprof-out", help="keep memprof's JSON and plots in this directory")
+    ap.add_argument("--memprof-json", help="take the memory ratios from this memprof report instead of running it "
+                                           "(a 0.4b profile takes ~30 min on 2 CPU cores)")
     ap.add_argument("--memprof-timeout", type=float, default=3600.0)
     ap.add_argument("--no-netns", action="store_true", help="do not isolate the loopback counters in a netns")
     a = ap.parse_args()

@@ -151,13 +151,15 @@ def main() -> None:
     ap.add_argument("--pg-generations", type=int, default=8, help="GRPO/PPO rollouts per task")
     ap.add_argument("--n-eval", type=int, default=64, help="held-out puzzles per H*")
     ap.add_argument("--task-seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=1, help="runs at once (each gets cpu_count // jobs threads)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once")
+    ap.add_argument("--threads", type=int, help="torch threads per run (default cpu_count // jobs; 1 on a busy machine:"
+                                               " oversubscribed OpenMP threads slow a small model down many times)")
     ap.add_argument("--out", default="runs/crossover")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)
     runs = plan(args)
-    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     t0 = time.perf_counter()
     results = []
     with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

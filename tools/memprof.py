@@ -9,9 +9,10 @@ rank, so no peak leaks from one profile into the next. Prints one JSON object
 OUT/memprof_timeline.png.
 
 ES chunk: the update streams the weights in chunks of --chunk-elems (default: the trainer's
-es.chunk_elems, 2^24) with one fp32 accumulator and applies the sum block by block, so an ES step
-adds about chunk_elems x 4 bytes to the inference peak. (Before the blockwise apply, the in-place
-mixed-dtype add on bf16 weights held two more fp32 chunk temporaries: measured 1.12x inference.)
+es.chunk_elems, 2^24) with one fp32 accumulator and applies the sum block by block, so the update
+phase holds the weights plus ~chunk_elems x 4 bytes; it runs after the rollouts, so an ES step's peak
+is max(rollouts, update), not their sum. (Before the blockwise apply, the in-place mixed-dtype add on
+bf16 weights held two more fp32 chunk temporaries: measured 1.12x inference at the 0.46 B shape.)
 
 Usage:
   python tools/memprof.py --shape 0.4b --profiles inference es_subtract es_snapshot es_snapshot_fp32_host
@@ -40,7 +41,8 @@ CPU_METHOD = ("CPU (no device): figures per rank. host_peak_bytes = peak residen
               "baseline_bytes = RSS after imports and process-group setup, before the model exists; "
               "device_peak_bytes (device-equivalent) = host peak above baseline minus host_by_design_bytes "
               "(Perturber.host_bytes: the snapshot / fp32 master, which live on the host by design); "
-              "ru_maxrss_bytes is the lifetime high-water mark (model loading included; read before each VmHWM reset)")
+              "ru_maxrss_bytes = getrusage's high-water mark, a cross-check only: Linux resets it with VmHWM at each "
+              "phase mark, so it can read below the sampled peak")
 GPU_METHOD = ("GPU: device_peak_bytes = peak of {counter} sampled every {ms} ms from model loaded to step end "
               "(nvml_process: this process's usedGpuMemory; nvml_device: the whole device's used memory; torch: "
               "max_memory_reserved); torch_max_allocated/reserved_bytes beside it; host figures from RSS as on CPU; "
@@ -144,7 +146,9 @@ def _aggregate(raws: list[dict], cpu: bool) -> dict:
         for k in ("torch_max_allocated_bytes", "torch_max_reserved_bytes"):
             d[k] = mx(lambda r: r["window"].get(k, 0))
         d["method"] = f"gpu: {counter} peak (max over ranks)"
-    d["phases"] = {ph: v for ph, v in raws[0]["phases"].items()}
+    top = max(raws, key=lambda r: r["window"]["host_peak_bytes"] - r["baseline_bytes"])  # the rank with the peak
+    d["phases"] = dict(top["phases"])
+    d["phases_rank"] = top["rank"]
     d["decode_tokens"] = raws[0]["decode_tokens"]
     d["step_s"] = round(mx(lambda r: r["step_s"]), 2)
     d["per_rank"] = [{k: r[k] for k in ("rank", "baseline_bytes", "host_by_design_bytes", "local_params")}
@@ -277,6 +281,9 @@ def main(argv=None) -> int:
         shutil.rmtree(ckpt, ignore_errors=True)
     counter = next(iter(raws.values()))["device_counter"] if raws else None
     nvml = any(r["nvml"] for r in raws.values())
+    if not nvml:  # the profiles log it in their own processes; the user reads this one
+        print("memprof: NVML unavailable (no GPU or no nvidia-ml-py): device memory not measured; "
+              "host memory only (CPU device-equivalent, see 'method')", file=sys.stderr)
     method = (CPU_METHOD if cpu else GPU_METHOD).format(ms=a.interval_ms, counter=counter) + ". " + \
         COMMON.format(pop=opt.population, chunk=opt.chunk_elems)
     report = {

@@ -30,6 +30,11 @@ def test_memprof_tiny(tmp_path):
     assert es["host_by_design_bytes"] == 0
     assert 4 * params <= fp32["host_by_design_bytes"] < 4 * params + 64 * 200  # the fp32 master, 64 B aligned
     assert set(fp32["phases"]) >= {"setup", "perturb", "rollouts", "restore", "update"}
+    for p in r["profiles"].values():  # device-equivalent = window peak - baseline - host-by-design, host bytes once
+        rk = p["per_rank"][0]
+        assert p["device_peak_bytes"] == rk["window"]["host_peak_bytes"] - rk["baseline_bytes"] - rk["host_by_design_bytes"]
+        assert p["host_peak_bytes"] == rk["window"]["host_peak_bytes"]
+    assert "NVML unavailable" in proc.stderr or r["nvml"]  # the user is told once, by the parent
     assert r["ratios"]["es_over_inference"] == round(es["device_peak_bytes"] / inf["device_peak_bytes"], 4)
     assert set(r["ratios"]) == {"es_over_inference", "grpo_over_es", "ppo_over_es"}
     assert "prediction" in r and ("device-equivalent" in r["method"]) == (r["device"] == "cpu")

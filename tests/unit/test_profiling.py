@@ -37,6 +37,17 @@ def test_sampler_sees_a_200mb_buffer_in_its_phase():
     assert len(tl["t"]) == len(tl["host_rss"]) >= 7 and tl["device"] is None and len(tl["marks"]) == 3
 
 
+def test_sampler_thread_samples_between_marks():
+    """The background thread, not the marks, produces the timeline (about one sample per interval)."""
+    s = MemorySampler(0.01, use_nvml=False, cuda=False).start()
+    s.mark("wait")
+    time.sleep(0.4)
+    s.stop()
+    t = s.timeline()["t"]
+    inside = [x for x in t if 0.02 < x - t[0] < 0.38]  # away from the start/mark/stop samples
+    assert len(inside) >= 10, len(inside)  # ~36 at 10 ms; >= 10 even on a loaded 2-core machine
+
+
 def test_sampler_phase_recurs_and_short_phases_have_a_sample():
     s = MemorySampler(10.0, use_nvml=False, cuda=False).start()  # the thread never fires: marks sample
     for ph in ("perturb", "rollouts", "restore", "perturb", "rollouts", "restore", "update"):

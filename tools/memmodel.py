@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import os
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run from a checkout without installing, as the other tools
 GB = 1e9
 PAPER = {"es": 8.41, "grpo": 58.88}  # Qwen3.5-4B Sudoku, GPU memory (FACTS.md)
 # The paper's Sudoku setting (FACTS.md): 32 tasks/step, H*=5 -> 15 turns, 64 tokens/turn. Assumed: ~200 prompt tokens
@@ -121,7 +124,7 @@ print(json.dumps({"grown": grown, "seconds": time.perf_counter() - t0}))
 def measure(kind: str, shape: dict, workload: dict, **extra) -> int:
     """Peak RSS growth (bytes) of one workload in a fresh interpreter."""
     spec = {"kind": kind, "shape": shape, "workload": workload, **extra}
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spec)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spec)], capture_output=True, text=True, cwd=ROOT,
                          timeout=1800)
     if out.returncode:
         raise RuntimeError(f"calibration probe {kind} failed:\n{out.stderr[-3000:]}")

@@ -123,7 +123,8 @@ def plot(agg: dict, budget: int, path: str) -> str:
         hs = sorted(by_h, key=int)
         x = [int(h) for h in hs]
         mean = [by_h[h]["mean"] for h in hs]
-        ax.plot(x, mean, "o-", color=colors.get(m), label=m.upper())
+        n = sorted({by_h[h]["seeds"] for h in hs})
+        ax.plot(x, mean, "o-", color=colors.get(m), label=f"{m.upper()} ({'/'.join(map(str, n))} seeds)")
         ax.fill_between(x, [by_h[h]["min"] for h in hs], [by_h[h]["max"] for h in hs], color=colors.get(m), alpha=0.15)
         before = before or (x, [by_h[h]["before"] for h in hs])
     if before:
@@ -155,23 +156,38 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads per run (default cpu_count // jobs; 1 on a busy machine:"
                                                " oversubscribed OpenMP threads slow a small model down many times)")
     ap.add_argument("--out", default="runs/crossover")
+    ap.add_argument("--report-only", action="store_true",
+                    help="aggregate and plot the runs already finished under --out (the rest are listed as missing)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)
     runs = plan(args)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     t0 = time.perf_counter()
-    results = []
-    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(execute, r, threads) for r in runs]
-        for fut in tqdm(cf.as_completed(futures), total=len(futures), desc="crossover runs", file=sys.stderr):
-            results.append(fut.result())
+    results, missing = [], []
+    if args.report_only:  # what the finished runs show; nothing is started
+        for r in runs:
+            if _summary(r["dir"]) is None:
+                missing.append({k: r[k] for k in ("method", "horizon", "seed")})
+                continue
+            try:
+                results.append(execute(r, threads))
+            except RuntimeError as e:  # e.g. a run that played another number of episodes: never averaged in
+                missing.append({k: r[k] for k in ("method", "horizon", "seed")} | {"invalid": str(e)})
+    else:
+        with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = [pool.submit(execute, r, threads) for r in runs]
+            for fut in tqdm(cf.as_completed(futures), total=len(futures), desc="crossover runs", file=sys.stderr):
+                results.append(fut.result())
+    if not results:
+        raise SystemExit(f"no finished runs under {args.out}")
     results.sort(key=lambda r: (r["horizon"], r["method"], r["seed"]))
     agg = aggregate(results)
     os.makedirs(args.out, exist_ok=True)
     png = plot(agg, args.budget, os.path.join(args.out, "crossover.png"))
     report = {"budget_episodes_per_run": args.budget, "episodes_per_step": args.es_population * args.es_episodes,
-              "horizons": args.horizons, "seeds": args.seeds, "success_after": agg, "runs": results, "plot": png,
+              "horizons": args.horizons, "seeds": args.seeds, "success_after": agg, "runs": results, "missing": missing,
+              "plot": png,
               "seconds": round(time.perf_counter() - t0, 1)}
     with open(os.path.join(args.out, "crossover.json"), "w") as f:
         json.dump(report, f, indent=1)

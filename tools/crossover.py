@@ -93,7 +93,7 @@ def execute(run: dict, threads: int) -> dict:
     if played != run["episodes"]:
         raise RuntimeError(f"{run['dir']}: played {played} training episodes, the budget is {run['episodes']}")
     return {k: run[k] for k in ("method", "horizon", "seed", "episodes")} | {
-        "before": s["eval_before"], "after": s["eval_after"], "seconds": round(time.perf_counter() - t, 1)}
+        "before": s["eval_before"], "after": s["eval_after"], "seconds": round(s.get("seconds") or time.perf_counter() - t, 1)}
 
 
 def aggregate(results: list[dict]) -> dict:

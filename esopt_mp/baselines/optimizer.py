@@ -16,6 +16,7 @@ Subclasses define the loss (:meth:`_prepare`, :meth:`_loss`).
 """
 from __future__ import annotations
 
+import abc
 import copy
 import logging
 import math
@@ -51,7 +52,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-class PolicyOptimizer:
+class PolicyOptimizer(abc.ABC):
     """One :meth:`update` = ``epochs`` passes over the batch in minibatches, one optimizer step each."""
 
     value_head_size = 0  # PPO: 1
@@ -274,8 +275,10 @@ class PolicyOptimizer:
         return norm
 
     # ------------------------------------------------------------------ subclasses
+    @abc.abstractmethod
     def _prepare(self, batch: TokenBatch) -> dict:
-        raise NotImplementedError
+        """Per-batch tensors the loss needs (old and reference log-probs, advantages), before any update."""
 
+    @abc.abstractmethod
     def _loss(self, mb: TokenBatch, ctx: dict, norm: dict):
-        raise NotImplementedError
+        """The minibatch loss and its stats."""

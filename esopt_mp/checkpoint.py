@@ -59,8 +59,10 @@ def write_rank_file(tmp: str, tp_rank: int, perturber) -> None:
 
     tensors, meta = {}, {}
     for shard, state in zip(perturber.shards, perturber.state_tensors()):
-        tensors[shard.info.name] = state.detach().to("cpu").contiguous()
-        meta[shard.info.name] = json.dumps({"global_shape": shard.info.global_shape, "offset": shard.info.offset})
+        info = shard.info  # several boxes of one tensor (a fused vLLM runtime tensor) get keys name@offset
+        key = info.name if info.name not in tensors else f"{info.name}@{','.join(map(str, info.offset))}"
+        tensors[key] = state.detach().to("cpu").contiguous()
+        meta[key] = json.dumps({"name": info.name, "global_shape": info.global_shape, "offset": info.offset})
     name = f"tp{tp_rank}.safetensors"
     path = os.path.join(tmp, name)
     save_file(tensors, path, metadata=meta)
@@ -183,36 +185,93 @@ def prune_checkpoints(run_dir: str, keep: int, newest: int) -> list[str]:
     return removed
 
 
+def saved_boxes(path: str, man: dict) -> dict[str, list[tuple[str, str, tuple, tuple, tuple]]]:
+    """Canonical name -> [(file, key in it, global shape, offset, shape)] of every box a checkpoint holds."""
+    from safetensors import safe_open
+
+    saved: dict[str, list] = {}
+    for fname in sorted(man["files"]):
+        with safe_open(os.path.join(path, fname), "pt") as f:
+            meta = f.metadata() or {}
+            for key in f.keys():
+                info = json.loads(meta[key])
+                shape = tuple(f.get_slice(key).get_shape())
+                saved.setdefault(info.get("name", key), []).append(
+                    (fname, key, tuple(info["global_shape"]), tuple(info["offset"]), shape))
+    return saved
+
+
+def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) -> str:
+    """A checkpoint (any layout, any engine) + its base model directory -> a plain HF directory.
+
+    The base directory's files, keys and layout, with every tensor the
+    checkpoint holds assembled from its boxes (one tensor at a time, cast to
+    ``dtype``); tensors ES did not touch are copied from the base. This is how
+    the vllm engine exports: canonical tensors, never vLLM's fused names.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    man = check_checkpoint(path, digest=True)
+    saved = saved_boxes(path, man)
+    tmp = out_dir + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    used = set()
+    for fname in sorted(os.listdir(base)):
+        src = os.path.join(base, fname)
+        if not fname.endswith(".safetensors"):
+            if os.path.isfile(src):
+                shutil.copy2(src, os.path.join(tmp, fname))
+            continue
+        tensors = {}
+        with safe_open(src, "pt") as f:
+            for key in f.keys():
+                t = f.get_tensor(key)
+                if key in saved:
+                    used.add(key)
+                    full = torch.full(t.shape, float("nan"), dtype=torch.float32)
+                    for cfile, ckey, gshape, off, shape in saved[key]:
+                        if gshape != tuple(t.shape):
+                            raise CheckpointError(f"{path}: {key} saved with global shape {gshape}, base has {tuple(t.shape)}")
+                        with safe_open(os.path.join(path, cfile), "pt") as c:
+                            full[tuple(slice(o, o + n) for o, n in zip(off, shape))] = c.get_tensor(ckey).float()
+                    if torch.isnan(full).any():
+                        raise CheckpointError(f"{path}: the saved boxes of {key} do not cover it")
+                    t = full
+                tensors[key] = t.to(dtype).contiguous()
+        save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
+    missing = sorted(set(saved) - used)
+    if missing:
+        raise CheckpointError(f"{path}: tensors {missing[:3]} are not in the base model {base}")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
 def _plan(path: str, man: dict, perturber) -> dict[str, list[tuple[int, str, tuple, tuple]]]:
     """Per saved file, the pieces this rank needs: (shard index, name, saved-relative box, target-relative box)."""
     from safetensors import safe_open
 
-    saved: dict[str, list[tuple[str, tuple, tuple, tuple]]] = {}
-    for fname in sorted(man["files"]):
-        with safe_open(os.path.join(path, fname), "pt") as f:
-            meta = f.metadata() or {}
-            for name in f.keys():
-                info = json.loads(meta[name])
-                shape = tuple(f.get_slice(name).get_shape())
-                saved.setdefault(name, []).append((fname, tuple(info["global_shape"]), tuple(info["offset"]), shape))
+    saved = saved_boxes(path, man)
     plan: dict[str, list] = {}
     for k, shard in enumerate(perturber.shards):
         info = shard.info
         boxes = {}
-        for fname, gshape, off, shape in saved.get(info.name, []):
+        for fname, key, gshape, off, shape in saved.get(info.name, []):
             if gshape != info.global_shape:
                 raise CheckpointError(f"{path}: {info.name} was saved with global shape {gshape}, the model has "
                                       f"{info.global_shape}")
-            boxes.setdefault((off, shape), fname)  # a replicated tensor is in every tp file: read it once
+            boxes.setdefault((off, shape), (fname, key))  # a replicated tensor is in every tp file: read it once
         if not boxes:
             raise CheckpointError(f"{path}: no tensor {info.name} (saved with other es.include/es.exclude?)")
         pieces, covered = [], 0
-        for (off, shape), fname in boxes.items():
+        for (off, shape), (fname, key) in boxes.items():
             lo = [max(o, t) for o, t in zip(off, info.offset)]
             hi = [min(o + n, t + m) for o, n, t, m in zip(off, shape, info.offset, info.local_shape)]
             if any(a >= b for a, b in zip(lo, hi)) and info.numel:
                 continue
-            pieces.append((fname, tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, off)),
+            pieces.append(((fname, key), tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, off)),
                            tuple(slice(a - t, b - t) for a, b, t in zip(lo, hi, info.offset)), lo, hi))
             covered += math.prod(b - a for a, b in zip(lo, hi))
         for p, q in itertools.combinations(pieces, 2):
@@ -221,8 +280,8 @@ def _plan(path: str, man: dict, perturber) -> dict[str, list[tuple[int, str, tup
         if covered != info.numel:
             raise CheckpointError(f"{path}: saved shards of {info.name} cover {covered} of this rank's "
                                   f"{info.numel} elements")
-        for fname, src, dst, _, _ in pieces:
-            plan.setdefault(fname, []).append((k, info.name, src, dst))
+        for (fname, key), src, dst, _, _ in pieces:
+            plan.setdefault(fname, []).append((k, key, src, dst))
     return plan
 
 

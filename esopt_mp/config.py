@@ -22,6 +22,9 @@ from esopt_mp.es.shaping import SHAPINGS
 from esopt_mp.envs.sandbox.config import SandboxConfig
 
 
+ENGINES = ("hf", "vllm")
+
+
 class ConfigError(ValueError):
     """A configuration value is unknown, mistyped or impossible."""
 
@@ -109,6 +112,12 @@ class TinyModelConfig:
     intermediate_size: int = 128
     seed: int = 0
     tie_word_embeddings: bool = False  # Qwen3.5-4B is tied, 9B/27B are not: test both
+    arch: str = "qwen3_5"  # qwen3_5 | qwen3
+    head_dim: int = 16  # vLLM's CPU attention needs a multiple of 32
+
+    def validate(self, key: str) -> None:
+        _check(self.arch in ("qwen3_5", "qwen3"), f"{key}.arch", f"expected qwen3_5 or qwen3, got {self.arch!r}")
+        _check(self.head_dim > 0 and self.head_dim % 2 == 0, f"{key}.head_dim", f"must be even and > 0, got {self.head_dim}")
 
 
 @dataclasses.dataclass
@@ -120,21 +129,35 @@ class ModelConfig:
     def validate(self, key: str = "model") -> None:
         _check(self.dtype in ("float32", "bfloat16", "float16"), f"{key}.dtype",
                f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+        self.tiny.validate(f"{key}.tiny")
 
 
 @dataclasses.dataclass
 class EngineConfig:
-    name: str = "hf"
-    prefix_reuse: bool = True
+    name: str = "hf"  # hf | vllm
+    prefix_reuse: bool = True  # hf: keep each conversation's KV between turns
     temperature: float = 0.7
     top_p: float = 0.8
     top_k: int = 20
     min_p: float = 0.0
     presence_penalty: float = 1.5
     max_new_tokens: int = 64
+    # vllm only (esopt_mp/engine/vllm.py)
+    weight_sync: str = "auto"  # auto | inplace (GPU: edit vLLM's tensors) | reload (CPU: full reload_weights)
+    enforce_eager: bool = True  # CUDA graphs off until tools/gpu_check.sh shows in-place edits reach them
+    max_model_len: int = 0  # 0: the model's own context length
+    gpu_memory_utilization: float = 0.85  # fraction of the device vLLM may take (weights + KV)
+    kv_cache_gib: float = 0.0  # > 0: a fixed KV-cache budget instead (CPU default 1 GiB)
 
     def validate(self, key: str = "engine") -> None:
-        _check(self.name == "hf", f"{key}.name", f"only the 'hf' engine is built, got {self.name!r}")
+        _check(self.name in ENGINES, f"{key}.name", f"unknown engine {self.name!r}; known: {', '.join(ENGINES)}")
+        _check(self.weight_sync in ("auto", "inplace", "reload"), f"{key}.weight_sync",
+               f"expected auto, inplace or reload, got {self.weight_sync!r}")
+        _check(0 < self.gpu_memory_utilization <= 1, f"{key}.gpu_memory_utilization",
+               f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        _check(self.kv_cache_gib >= 0, f"{key}.kv_cache_gib", f"must be >= 0, got {self.kv_cache_gib}")
+        _check(self.max_model_len == 0 or self.max_model_len > self.max_new_tokens, f"{key}.max_model_len",
+               f"must be 0 (the model's) or exceed max_new_tokens={self.max_new_tokens}, got {self.max_model_len}")
         try:
             self.sampling()
         except ValueError as e:
@@ -300,6 +323,11 @@ class TrainConfig:
         if world_size is not None:
             _check(p.dp * p.tp == world_size, "parallel",
                    f"parallel.dp * parallel.tp must equal the world size: {p.dp} * {p.tp} = {p.dp * p.tp} != {world_size}")
+        if self.engine.name == "vllm":
+            _check(self.algo.name == "es", "engine.name",
+                   f"engine=vllm serves ES rollouts; algo={self.algo.name} trains through the hf engine")
+            _check(self.objective.name == "agent", "engine.name",
+                   f"engine=vllm plays agent episodes: needs objective=agent, got {self.objective.name!r}")
         if self.algo.name != "es":
             a = self.algo
             _check(self.objective.name == "agent", "objective.name",
@@ -328,7 +356,7 @@ class TrainConfig:
         training tasks by content (SHA-256 of ``env.train_path``, or the
         generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
         every other ``env.*`` setting that shapes training returns,
-        ``engine.*`` (training sampling) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
+        ``engine.*`` (training sampling; not the vllm memory budget or weight_sync) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
@@ -345,6 +373,8 @@ class TrainConfig:
         d.pop("parallel")
         for k in ("chunk_elems", "noise_backend"):
             d["es"].pop(k)
+        for k in ("weight_sync", "gpu_memory_utilization", "kv_cache_gib"):  # where weights live, not what they are
+            d["engine"].pop(k)
         for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
             d["env"].pop(k)
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns

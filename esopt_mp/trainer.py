@@ -23,7 +23,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Ledger, restore_run_, save_checkpoint
+from esopt_mp.checkpoint import Ledger, checkpoint_steps, export_checkpoint, restore_run_, save_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
@@ -54,20 +54,29 @@ class ESTrainer:
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.name == "agent")
-        self.model = load_model(path, dims, cfg.model.dtype)
-        self.tokenizer = None
-        self.shards = build_shards(self.model, cfg.es.include, cfg.es.exclude)
+        self.base_path = path
         es = cfg.es
-        self.perturber = Perturber(self.shards, restore=es.restore, master=es.master, chunk_elems=es.chunk_elems,
-                                   noise_backend=es.noise_backend)
+        self.tokenizer = engine = None
+        if cfg.engine.name == "vllm":  # vLLM holds the weights; its workers run the same Perturber on them
+            from esopt_mp.engine.vllm import build_vllm
+
+            self.model = None
+            engine, self.perturber, _ = build_vllm(cfg.engine, es, path, dims, cfg.model.dtype, es.seed)
+            self.tokenizer = engine.tokenizer
+        else:
+            self.model = load_model(path, dims, cfg.model.dtype)
+            self.perturber = Perturber(build_shards(self.model, es.include, es.exclude), restore=es.restore,
+                                       master=es.master, chunk_elems=es.chunk_elems, noise_backend=es.noise_backend)
+        self.shards = self.perturber.shards
         if cfg.objective.name == "agent":
             from transformers import AutoTokenizer
 
             from esopt_mp.agent.objective import AgentObjective
 
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
             traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
-            self.objective = AgentObjective(cfg.env, cfg.engine, es.seed, self.model, self.tokenizer, dims, traj)
+            self.objective = AgentObjective(cfg.env, cfg.engine, es.seed, self.model, self.tokenizer, dims, traj,
+                                            engine=engine)
         else:
             self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
         self.sigma = _schedule(es.sigma, es.steps)
@@ -190,7 +199,13 @@ class ESTrainer:
 
             summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if cfg.run.export:
-            export_hf(self.model, self.tokenizer, os.path.join(cfg.run.dir, "export"), dims)
+            out = os.path.join(cfg.run.dir, "export")
+            if self.model is not None:
+                export_hf(self.model, self.tokenizer, out, dims)
+            elif dims.rank == 0:  # vllm: the final checkpoint's canonical boxes, in the base model's HF layout
+                newest = checkpoint_steps(cfg.run.dir)[-1][1]
+                export_checkpoint(newest, self.base_path, out, getattr(torch, cfg.model.dtype))
+            dims.comm.barrier()
         self.metrics.write({"summary": summary})
         if dims.rank == 0:
             plot_run(self.metrics.path, os.path.join(cfg.run.dir, "training.png"))
@@ -199,6 +214,9 @@ class ESTrainer:
         return summary
 
     def close(self) -> None:
+        engine = getattr(getattr(self, "objective", None), "engine", None)
+        if hasattr(engine, "close"):  # vllm: shut down before the launcher's process groups go
+            engine.close()
         self.metrics.close()
         self.model = None
         self.perturber = None

@@ -53,7 +53,15 @@ def main(hcfg: DictConfig) -> None:
 
     launch = discover()
     setup_logging(launch.rank)
-    cfg = build_config(OmegaConf.to_container(hcfg, resolve=True), launch.world_size)
+    try:
+        cfg = build_config(OmegaConf.to_container(hcfg, resolve=True), launch.world_size)
+        if cfg.engine.name == "vllm":
+            from esopt_mp.engine.vllm import preflight
+
+            preflight(cfg)
+    except (ValueError, RuntimeError) as e:  # bad config / engine=vllm cannot run here: one line, nothing started
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if not torch.cuda.is_available():
         # ESOPT_THREADS wins (several runs sharing a machine; torchrun always sets OMP_NUM_THREADS=1, so not that);
         # else the cores split over the ranks

@@ -54,9 +54,11 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
 
 
 class AgentObjective:
-    def __init__(self, env_cfg, engine_cfg, run_seed: int, model, tokenizer, dims, traj_path: str | None = None):
+    def __init__(self, env_cfg, engine_cfg, run_seed: int, model, tokenizer, dims, traj_path: str | None = None,
+                 engine=None):
+        """``engine``: a built engine (vllm); by default an hf engine on ``model``."""
         self.cfg, self.run_seed, self.dims = env_cfg, run_seed, dims
-        self.engine = HFEngine(model, tokenizer, prefix_reuse=engine_cfg.prefix_reuse)
+        self.engine = engine or HFEngine(model, tokenizer, prefix_reuse=engine_cfg.prefix_reuse)
         if dims.is_tp_leader and env_cfg.name in CODE_ENVS:  # refuse a too-weak sandbox now, not at episode 1
             Sandbox.from_config(env_cfg.sandbox)
         self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling())

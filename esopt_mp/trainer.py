@@ -56,17 +56,27 @@ class ESTrainer:
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.name == "agent")
         self.base_path = path
         es = cfg.es
-        self.tokenizer = engine = None
+        self.tokenizer = None
         if cfg.engine.name == "vllm":  # vLLM holds the weights; its workers run the same Perturber on them
             from esopt_mp.engine.vllm import build_vllm
 
             self.model = None
             engine, self.perturber, _ = build_vllm(cfg.engine, es, path, dims, cfg.model.dtype, es.seed)
             self.tokenizer = engine.tokenizer
+            try:
+                self._build_rest(cfg, dims, path, engine)
+            except BaseException:
+                engine.close()  # before the launcher's process groups go (vLLM's exit hook would fail after)
+                raise
         else:
             self.model = load_model(path, dims, cfg.model.dtype)
             self.perturber = Perturber(build_shards(self.model, es.include, es.exclude), restore=es.restore,
                                        master=es.master, chunk_elems=es.chunk_elems, noise_backend=es.noise_backend)
+            self._build_rest(cfg, dims, path, None)
+
+    def _build_rest(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
+        """Objective, schedules, ledger and resume: the same for both engines."""
+        es = cfg.es
         self.shards = self.perturber.shards
         if cfg.objective.name == "agent":
             from transformers import AutoTokenizer
@@ -202,9 +212,13 @@ class ESTrainer:
             out = os.path.join(cfg.run.dir, "export")
             if self.model is not None:
                 export_hf(self.model, self.tokenizer, out, dims)
-            elif dims.rank == 0:  # vllm: the final checkpoint's canonical boxes, in the base model's HF layout
-                newest = checkpoint_steps(cfg.run.dir)[-1][1]
-                export_checkpoint(newest, self.base_path, out, getattr(torch, cfg.model.dtype))
+            else:  # vllm: the final checkpoint's canonical boxes, in the base model's HF layout, written by rank 0
+                done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
+                if not done or done[-1][0] != cfg.es.steps:  # e.g. a rerun of a finished run with a lost checkpoint
+                    save_checkpoint(cfg.run.dir, cfg.es.steps, self.perturber, dims, cfg.run.keep_checkpoints)
+                    done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
+                if dims.rank == 0:
+                    export_checkpoint(done[-1][1], self.base_path, out, getattr(torch, cfg.model.dtype))
             dims.comm.barrier()
         self.metrics.write({"summary": summary})
         if dims.rank == 0:

@@ -59,7 +59,7 @@ def main(hcfg: DictConfig) -> None:
             from esopt_mp.engine.vllm import preflight
 
             preflight(cfg)
-    except (ValueError, RuntimeError) as e:  # bad config / engine=vllm cannot run here: one line, nothing started
+    except (ValueError, RuntimeError, OSError) as e:  # bad config / engine=vllm cannot run here: one line
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if not torch.cuda.is_available():

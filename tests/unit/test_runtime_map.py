@@ -147,3 +147,13 @@ def test_checkpoint_of_fused_pieces_loads_into_whole_tensors_and_back(tmp_path):
     out = load_file(str(tmp_path / "export" / "model.safetensors"))
     assert set(out) == set(SHAPES) and all(torch.equal(out[k], canon[k]) for k in SHAPES)
     assert (tmp_path / "export" / "config.json").exists()
+
+
+def test_a_loader_that_shifts_values_decodes_differently_under_the_two_encodings():
+    """The worker probes twice (stride 1 and 3) and refuses a tensor whose pieces differ: a loader adding a
+    constant (e.g. a norm stored as w + 1) would otherwise map every element one place off, silently."""
+    shapes = {"norm": (64,)}
+    plain = [decode_probe({"n": index_tensor((32,), 1, s)[:32].clone() + 0}, shapes, {"norm": 1}, s) for s in (1, 3)]
+    assert plain[0] == plain[1]
+    shifted = [decode_probe({"n": index_tensor((32,), 1, s) + 3}, shapes, {"norm": 1}, s) for s in (1, 3)]
+    assert shifted[0] != shifted[1]  # offsets 3 vs 1: the worker raises MappingError naming the tensor

@@ -79,6 +79,35 @@ _compare.dtype_differs = set()
 _compare.rounding_differs = 0
 
 
+PROMPT = [5, 77, 300, 12, 9, 450, 33, 100, 7, 64, 201, 19]
+
+
+def _hf_logprobs(model, k: int = 5) -> dict[int, float]:
+    """Top-k next-token log-probabilities of the hf model after PROMPT (every tp rank calls: sharded forward)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT])).logits[0, -1]
+    logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+    lp = logits.float().log_softmax(-1)
+    top = lp.topk(k)
+    return dict(zip(top.indices.tolist(), top.values.tolist()))
+
+
+def _vllm_logprobs(engine, k: int = 5) -> dict[int, float]:
+    from vllm import SamplingParams
+
+    engine.weights.flush()
+    out = engine.llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0, logprobs=k),
+                              use_tqdm=False)
+    return {t: lp.logprob for t, lp in out[0].outputs[0].logprobs[0].items()}
+
+
+def _lp_diff(a: dict, b: dict) -> float:
+    """Largest |difference| over the tokens both top-k lists hold (inf if their top-1 differ)."""
+    if max(a, key=a.get) != max(b, key=b.get):
+        return float("inf")
+    return max(abs(a[t] - b[t]) for t in set(a) & set(b))
+
+
 def _rollouts(engine, tasks, seeds, dims):
     from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes
     from esopt_mp.engine.sampling import SamplingParams
@@ -114,10 +143,16 @@ def engine_agreement(rank: int, world: int, model_dir: str, out: str, dtype: str
     res = {"rank": rank, "summary": summary, "pieces": len(pieces)}
     base = _canonical(model)
     res["base_mismatch"] = _compare(pieces, runtime(), base)
+    base_lp = _vllm_logprobs(engine)
+    res["base_logprob_diff_vs_hf"] = _lp_diff(base_lp, _hf_logprobs(model))
     member = (1234567, 0.05, -1)
     hf.perturb(*member)
     weights.perturb(*member)
     res["perturbed_mismatch"] = _compare(pieces, runtime(), _canonical(model))
+    pert_lp = _vllm_logprobs(engine)  # what vLLM computes with, not only what the worker holds
+    res.update(engine.llm.collective_rpc("esopt_live_check")[0])
+    res["perturbed_logprob_diff_vs_hf"] = _lp_diff(pert_lp, _hf_logprobs(model))
+    res["perturbation_moved_logprobs"] = _lp_diff(pert_lp, base_lp) > 1e-3
     tasks = sudoku.generate(4, 2, size=4, seed=5)
     seeds = [11, 12, 13, 14]
     hf_ids, hf_s = _rollouts(HFEngine(model, engine.tokenizer), tasks, seeds, dims)

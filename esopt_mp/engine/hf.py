@@ -71,6 +71,16 @@ def cache_kwarg(model) -> str:
     raise TypeError(f"{type(model).__name__}.forward takes neither cache nor past_key_values: no KV cache to reuse")
 
 
+def reply_text(tokenizer, eos: set[int], ids: list[int], stop) -> str:
+    """A reply's text as the environment sees it (both engines): EOS tokens dropped, cut at the first stop string."""
+    text = tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=False)
+    for s in stop:
+        k = text.find(s)
+        if k >= 0:
+            text = text[:k]
+    return text
+
+
 def eos_ids(tokenizer, extra=None) -> set[int]:
     """Token ids that end a reply: ChatML's <|im_end|>, <|endoftext|>, the tokenizer's eos (both engines)."""
     eos = set(extra or [])
@@ -224,9 +234,4 @@ class HFEngine:
         return results
 
     def _text(self, ids: list[int], params: SamplingParams) -> str:
-        text = self.tokenizer.decode([t for t in ids if t not in self.eos], skip_special_tokens=False)
-        for s in params.stop:
-            k = text.find(s)
-            if k >= 0:
-                text = text[:k]
-        return text
+        return reply_text(self.tokenizer, self.eos, ids, params.stop)

@@ -31,7 +31,7 @@ import logging
 import os
 import time
 
-from esopt_mp.engine.hf import EngineStats, Generation
+from esopt_mp.engine.hf import EngineStats, Generation, reply_text
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +188,7 @@ class VLLMEngine:
             self.weights.llm = self.weights._local = None
 
     def _text(self, ids: list[int], params) -> str:
-        text = self.tokenizer.decode([t for t in ids if t not in self.eos], skip_special_tokens=False)
-        for s in params.stop:
-            k = text.find(s)
-            if k >= 0:
-                text = text[:k]
-        return text
+        return reply_text(self.tokenizer, self.eos, ids, params.stop)
 
 
 class VLLMWeights:

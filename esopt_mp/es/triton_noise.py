@@ -3,15 +3,16 @@
 Each program takes BLOCK consecutive elements of a local shard, turns each local flat index into
 its row-major index ``j`` in the canonical (unsharded) tensor from the ShardInfo geometry (run
 width, outer local sizes, global offsets and strides: whole tensors, row / column / any box), and
-computes eps(j) exactly as :func:`esopt_mp.es.philox.normals_kernel` does: ``tl.philox`` (the
-same Philox4x32-10 rounds) keyed by the member seed on counter ``(j//4, tid)``, the output word
+computes eps(j) exactly as :func:`esopt_mp.es.philox.normals_kernel` does: Philox4x32-10 (the
+rounds of ``tl.philox``) keyed by the member seed on counter ``(j//4, tid)``, the output word
 pair of lane ``j % 4``, Box-Muller in float64, one float32 rounding. The fp64 constant
 2*pi*2**-32 is built from its bit pattern: a Python float literal in a Triton expression is an
 fp32 constant.
 
 Arithmetic mirrors the torch ops of :class:`esopt_mp.es.perturber.Perturber` one for one, so
 results are bit-identical wherever eps is: ``w.add_(z, alpha=a)`` is one fused multiply-add in
-fp32 (checked on CPU and in torch's CUDA add), so the kernels call ``tl.fma`` there and launch
+fp32 (measured on CPU; on CUDA torch's ``a + alpha * b`` is contracted to an FMA by nvcc: checked by
+the gpu test, not here), so the kernels call ``tl.fma`` there and launch
 with ``enable_fp_fusion=False`` so that no other multiply and add is contracted (the master
 update is a multiply then an add in torch). bf16/fp16 weights are read exactly into fp32,
 computed in fp32 and rounded to nearest-even once on the store, as torch's mixed-dtype in-place
@@ -24,14 +25,15 @@ normal only when it lies within an ulp of a float32 rounding boundary (see READM
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import struct
+import threading
 
 import torch
 
 try:
     import triton
-    import triton.language as tl
 except ImportError:  # optional extra: pip install esopt_mp[triton]
     triton = None
 
@@ -80,117 +82,31 @@ def _geometry(info) -> tuple:
             *((0,) * pad + tuple(ostride)))
 
 
-if triton is not None:
-    _TWO_PI_2_32_BITS = tl.constexpr(struct.unpack("<q", struct.pack("<d", 2.0 * 3.141592653589793 * 2.0**-32))[0])
-    _GEOM = ["W", "base", "n0", "n1", "n2", "n3", "o0", "o1", "o2", "o3", "s0", "s1", "s2", "s3"]
-    _NO_SPEC = ["start", "n", "G"] + _GEOM
-
-    @triton.jit
-    def _global_index(i, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3):
-        """Row-major index in the canonical tensor of local flat index ``i`` (int64)."""
-        r = i // W
-        j = base + i % W
-        j += (r % n3 + o3) * s3
-        r = r // n3
-        j += (r % n2 + o2) * s2
-        r = r // n2
-        j += (r % n1 + o1) * s1
-        r = r // n1
-        j += (r % n0 + o0) * s0
-        return j
-
-    @triton.jit
-    def _normal(j, seed, tid):
-        """eps at canonical indices ``j`` (int64 block) for member ``seed``, tensor ``tid`` (uint64 scalars)."""
-        q = j // 4
-        lane = j % 4
-        c0 = (q & 0xFFFFFFFF).to(tl.uint32)
-        c1 = (q >> 32).to(tl.uint32)
-        c2 = tl.zeros_like(c0) + (tid & 0xFFFFFFFF).to(tl.uint32)
-        c3 = tl.zeros_like(c0) + (tid >> 32).to(tl.uint32)
-        x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c3, 10)
-        xa = tl.where(lane < 2, x0, x2)
-        xb = tl.where(lane < 2, x1, x3)
-        u1 = (xa.to(tl.float64) + 1.0) * 2.3283064365386963e-10  # 2**-32, exact in fp32
-        two_pi_2_32 = tl.full([], _TWO_PI_2_32_BITS, tl.int64).to(tl.float64, bitcast=True)
-        t = xb.to(tl.float64) * two_pi_2_32
-        r = tl.sqrt(-2.0 * tl.log(u1))
-        z = tl.where(lane % 2 == 0, r * tl.cos(t), r * tl.sin(t))
-        return z.to(tl.float32)
-
-    @triton.jit
-    def _to_bf16_rne(x):
-        """fp32 -> bf16 rounded to nearest-even, NaN -> 0x7FC0: torch's c10::BFloat16 rule, in integer
-        ops because Triton's interpreter truncates fp32 -> bf16 (its compiled cast rounds)."""
-        bits = x.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        rounded = tl.where(x != x, 0x7FC0, rounded)
-        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-    @triton.jit
-    def _store(ptr, x, mask):
-        """Store fp32 ``x`` into ``ptr``'s dtype, rounded once to nearest-even (as torch's copy_/add_)."""
-        if ptr.dtype.element_ty == tl.float32:
-            tl.store(ptr, x, mask=mask)
-        elif ptr.dtype.element_ty == tl.bfloat16:
-            tl.store(ptr, _to_bf16_rne(x), mask=mask)
-        else:
-            tl.store(ptr, x.to(ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
-
-    @triton.jit(do_not_specialize=_NO_SPEC)
-    def _axpy_kernel(out_ptr, keys_ptr, scale, start, n,
-                     W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3,
-                     STORE_EPS: tl.constexpr, BLOCK: tl.constexpr):
-        """out[k] = eps (STORE_EPS) or fma(eps, scale, out[k]) for local elements start + k, k < n."""
-        k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = k < n
-        j = _global_index(start + k, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3)
-        tid = tl.load(keys_ptr).to(tl.uint64, bitcast=True)
-        seed = tl.load(keys_ptr + 1).to(tl.uint64, bitcast=True)
-        z = _normal(j, seed, tid)
-        if STORE_EPS:
-            _store(out_ptr + k, z, mask)
-        else:
-            w = tl.load(out_ptr + k, mask=mask).to(tl.float32)
-            _store(out_ptr + k, tl.fma(z, scale, w), mask)
-
-    @triton.jit(do_not_specialize=_NO_SPEC)
-    def _update_kernel(w_ptr, m_ptr, keys_ptr, mw_ptr, G, scale, decay, start, n,
-                       W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3,
-                       MODE: tl.constexpr, HAS_DECAY: tl.constexpr, BLOCK: tl.constexpr):
-        """acc = scale * sum_g fma-accumulated mw[g] * eps(seed g), in registers; then by MODE:
-        0: w = fma(w, decay, acc) (or w + acc); 1: m = m * decay + acc, w = m; 2: w = acc (an fp32 buffer)."""
-        k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = k < n
-        j = _global_index(start + k, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3)
-        tid = tl.load(keys_ptr).to(tl.uint64, bitcast=True)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for g in range(0, G):
-            seed = tl.load(keys_ptr + 1 + g).to(tl.uint64, bitcast=True)
-            acc = tl.fma(_normal(j, seed, tid), tl.load(mw_ptr + g), acc)
-        acc = acc * scale
-        if MODE == 0:
-            w = tl.load(w_ptr + k, mask=mask).to(tl.float32)
-            if HAS_DECAY:
-                w = tl.fma(w, decay, acc)
-            else:
-                w = w + acc
-            _store(w_ptr + k, w, mask)
-        elif MODE == 1:
-            m = tl.load(m_ptr + k, mask=mask)
-            if HAS_DECAY:
-                m = m * decay
-            m = m + acc
-            tl.store(m_ptr + k, m, mask=mask)
-            _store(w_ptr + k, m, mask)
-        else:
-            tl.store(w_ptr + k, acc, mask=mask)
+_variants: dict = {}
+_variants_lock = threading.Lock()
 
 
-def _launch(kernel, flat: torch.Tensor, start: int, n: int, info, *args, **consts) -> None:
+def _kernels(interpret: bool):
+    """The kernel module bound to the interpreter or to the compiler (each loaded once)."""
+    with _variants_lock:
+        mod = _variants.get(interpret)
+        if mod is None:
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_triton_kernels.py")
+            name = f"esopt_mp.es._triton_kernels_{'interpreted' if interpret else 'compiled'}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            with triton.knobs.runtime.scope():
+                triton.knobs.runtime.interpret = interpret
+                spec.loader.exec_module(mod)
+            _variants[interpret] = mod
+    return mod
+
+
+def _launch(name: str, flat: torch.Tensor, start: int, n: int, info, *args, **consts) -> None:
     check_device(flat.device)
     if n <= 0:
         return
+    kernel = getattr(_kernels(flat.device.type != "cuda" or interpreting()), name)
     grid = (triton.cdiv(n, BLOCK),)
     kernel[grid](*args, start, n, *_geometry(info), BLOCK=BLOCK, enable_fp_fusion=False, **consts)
 
@@ -203,7 +119,7 @@ def axpy_(out: torch.Tensor, seed: int, info, scale: float | None, start: int = 
     """``out`` (a contiguous 1-d view of local elements start..start+len) += scale * eps, or = eps
     when ``scale`` is None. Returns ``out``."""
     keys = _keys(info.tid, [seed], out.device)
-    _launch(_axpy_kernel, out, start, out.numel(), info, out, keys, _f32(scale or 0.0), STORE_EPS=scale is None)
+    _launch("_axpy_kernel", out, start, out.numel(), info, out, keys, _f32(scale or 0.0), STORE_EPS=scale is None)
     return out
 
 
@@ -221,5 +137,5 @@ def update_(w: torch.Tensor, info, members, scale: float, decay: float, *, maste
     keys = _keys(info.tid, [s for s, _ in members], w.device)
     mw = torch.tensor([_f32(x) for _, x in members] or [0.0], dtype=torch.float32, device=w.device)
     m = master if master is not None else w
-    _launch(_update_kernel, w, start, w.numel(), info, w, m, keys, mw, len(members), _f32(scale), _f32(decay),
+    _launch("_update_kernel", w, start, w.numel(), info, w, m, keys, mw, len(members), _f32(scale), _f32(decay),
             MODE=mode, HAS_DECAY=decay != 1.0)

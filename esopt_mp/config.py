@@ -360,7 +360,7 @@ class TrainConfig:
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
-        test_compiled_kernel_is_bit_identical_to_eager), held-out evaluation
+        test_compiled_kernel_is_bit_identical_to_eager, test_perturb_restore_update_equal_eager), held-out evaluation
         (``env.n_eval``/``eval_path``/``eval_repeats``/``eval_temperature``:
         training tasks never depend on them), the sandbox's isolation level
         (``env.sandbox.level``/``min_level``: a requeue may land on a node with

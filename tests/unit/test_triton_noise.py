@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton", reason="triton not installed (pip install 'esopt_mp[triton]')")
 
 from esopt_mp.config import ESConfig  # noqa: E402
-from esopt_mp.es import LocalShard, Perturber, ShardInfo, local_noise, member_seed  # noqa: E402
+from esopt_mp.es import LocalShard, Perturber, ShardInfo, local_noise, member_seed, stream  # noqa: E402
 from esopt_mp.es import backend, triton_noise  # noqa: E402
 
 
@@ -139,6 +139,21 @@ def test_update_into_same_device_master_is_one_pass_and_equal():
         a = _run("eager", [info], dtype, "fp32_host", "snapshot", _members(8), 1e-4, 0.0)
         b = _run("triton", [info], dtype, "fp32_host", "snapshot", _members(8), 1e-4, 0.0)
         assert torch.equal(a["master"][0], b["master"][0]) and torch.equal(a["updated"][0], b["updated"][0])
+
+
+def test_acc_only_chunk_equals_torch_accumulation():
+    """The host-master path on CUDA: the kernel writes scale * sum for a chunk [a, b) of the shard."""
+    info = _info("uneven_cols")
+    a, b = 333, 900  # of 930 local elements
+    members = _members(8)
+    acc = torch.zeros(b - a)
+    for seed, w in members:
+        for p, z in stream(seed, info, a, b, block=256):
+            acc[p - a : p - a + z.numel()].view_as(z).add_(z, alpha=w)
+    acc.mul_(0.3 / 8)
+    got = torch.full((b - a,), float("nan"))
+    triton_noise.update_(got, info, members, 0.3 / 8, 1.0, start=a, acc_only=True)
+    assert torch.equal(got, acc)
 
 
 def test_fp64_weights_fall_back_to_torch_math_with_triton_noise():

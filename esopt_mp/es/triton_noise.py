@@ -75,8 +75,8 @@ def _geometry(info) -> tuple:
     """(W, base, outer sizes, outer global offsets, outer global strides), outer padded to MAX_OUTER."""
     width, outer, olo, ostride, base = info._runs
     if len(outer) > MAX_OUTER:
-        raise ValueError(f"{info.name}: the triton noise kernels index shards of at most {MAX_OUTER + 1} dims "
-                         f"sliced below the first; got {len(info.global_shape)} dims")
+        raise ValueError(f"{info.name}: es.noise_backend=triton indexes at most {MAX_OUTER} dims outside the "
+                         f"contiguous run of a box; this {len(info.global_shape)}-d box has {len(outer)}")
     pad = MAX_OUTER - len(outer)
     return (width, base, *((1,) * pad + tuple(outer)), *((0,) * pad + tuple(olo)),
             *((0,) * pad + tuple(ostride)))

@@ -169,6 +169,9 @@ def test_triton_backend_errors_name_the_config_key(monkeypatch):
     with pytest.raises(RuntimeError, match=r"es\.noise_backend=triton runs on CUDA tensors.*TRITON_INTERPRET=1"):
         Perturber([shard], noise_backend="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    six = ShardInfo("t6", (2,) * 6, (0,) * 5 + (1,), (2,) * 5 + (1,))  # 5 outer dims around a 1-element run
+    with pytest.raises(ValueError, match=r"es\.noise_backend=triton indexes at most 4 dims"):
+        triton_noise.axpy_(torch.zeros(32), 1, six, None)
     monkeypatch.setattr(triton_noise, "triton", None)
     with pytest.raises(RuntimeError, match=r"es\.noise_backend=triton needs the triton package"):
         Perturber([shard], noise_backend="triton")
@@ -223,7 +226,8 @@ def _ptx(name, consts, wdtype="fp32"):
 
 def test_compiled_kernels_use_precise_fp64_math_and_contract_nothing():
     """What can be checked of the GPU path without a GPU: the kernels compile for sm_90, the fp64
-    math is libdevice's / IEEE (its log seeds with rcp.approx.f64 and refines: that is libdevice), and the master update's multiply-then-add is not fused."""
+    math is libdevice's / IEEE (its log seeds with rcp.approx.f64 and refines: that is libdevice),
+    and the master update's multiply-then-add is not fused."""
     eps = _ptx("_axpy_kernel", {"STORE_EPS": True})
     assert "sqrt.rn.f64" in eps and "cvt.rn.f32.f64" in eps and "__nv_log" in eps
     assert "__internal_trig_reduction_slowpathd" in eps  # libdevice's fp64 sin/cos

@@ -45,25 +45,66 @@ def _philox(c0, c1, c2, c3, k0, k1):
 
 
 @triton.jit
-def _normal(j, seed, tid):
-    """eps at canonical indices ``j`` (int64 block) for member ``seed``, tensor ``tid`` (uint64 scalars)."""
-    q = j // 4
-    lane = j % 4
+def _words(q, seed, tid):
+    """Philox words for counters ``q`` (int64) keyed by ``seed`` on tensor ``tid`` (uint64 scalars)."""
     c0 = (q & 0xFFFFFFFF).to(tl.uint32)
     c1 = (q >> 32).to(tl.uint32)
     c2 = tl.broadcast_to((tid & 0xFFFFFFFF).to(tl.uint32), c0.shape)
     c3 = tl.broadcast_to((tid >> 32).to(tl.uint32), c0.shape)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = (seed >> 32).to(tl.uint32)
-    x0, x1, x2, x3 = _philox(c0, c1, c2, c3, k0, k1)
-    xa = tl.where(lane < 2, x0, x2)
-    xb = tl.where(lane < 2, x1, x3)
+    return _philox(c0, c1, c2, c3, (seed & 0xFFFFFFFF).to(tl.uint32), (seed >> 32).to(tl.uint32))
+
+
+@triton.jit
+def _radius_angle(xa, xb):
+    """float64 r = sqrt(-2 ln u1), t = 2 pi u2 for the word pair (xa, xb), as philox.normals_kernel."""
     u1 = (xa.to(tl.float64) + 1.0) * 2.3283064365386963e-10  # 2**-32, exact in fp32
     two_pi_2_32 = tl.full([], _TWO_PI_2_32_BITS, tl.int64).to(tl.float64, bitcast=True)
-    t = xb.to(tl.float64) * two_pi_2_32
-    r = tl.sqrt(-2.0 * tl.log(u1))
+    return tl.sqrt(-2.0 * tl.log(u1)), xb.to(tl.float64) * two_pi_2_32
+
+
+@triton.jit
+def _normal(j, seed, tid):
+    """eps at canonical indices ``j`` (any int64 block): one counter per element, its lane's output."""
+    lane = j % 4
+    x0, x1, x2, x3 = _words(j // 4, seed, tid)
+    r, t = _radius_angle(tl.where(lane < 2, x0, x2), tl.where(lane < 2, x1, x3))
     z = tl.where(lane % 2 == 0, r * tl.cos(t), r * tl.sin(t))
     return z.to(tl.float32)
+
+
+@triton.jit
+def _normals4(q, seed, tid):
+    """eps [Q, 4] at indices 4q..4q+3: one counter and two Box-Muller pairs for four elements."""
+    x0, x1, x2, x3 = _words(q, seed, tid)
+    ra, ta = _radius_angle(x0, x1)
+    rb, tb = _radius_angle(x2, x3)
+    za, zb = (ra * tl.cos(ta)).to(tl.float32), (ra * tl.sin(ta)).to(tl.float32)
+    zc, zd = (rb * tl.cos(tb)).to(tl.float32), (rb * tl.sin(tb)).to(tl.float32)
+    return tl.reshape(tl.join(tl.join(za, zc), tl.join(zb, zd)), [q.shape[0], 4])
+
+
+@triton.jit
+def _tile(start, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3, QUAD: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's local offsets ``k`` and what :func:`_eps` needs: element indices [BLOCK], or with
+    QUAD (every run starts at a multiple of 4, and so does ``start``) counters [BLOCK // 4] for a
+    [BLOCK // 4, 4] tile, so each counter's Philox and Box-Muller serve four elements."""
+    pid = tl.program_id(0).to(tl.int64)
+    if QUAD:
+        kq = pid * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
+        k = kq[:, None] * 4 + tl.arange(0, 4)[None, :]
+        idx = _global_index(start + kq * 4, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3) // 4
+    else:
+        k = pid * BLOCK + tl.arange(0, BLOCK)
+        idx = _global_index(start + k, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3)
+    return k, idx
+
+
+@triton.jit
+def _eps(idx, seed, tid, QUAD: tl.constexpr):
+    if QUAD:
+        return _normals4(idx, seed, tid)
+    else:
+        return _normal(idx, seed, tid)
 
 
 @triton.jit
@@ -90,14 +131,13 @@ def _store(ptr, x, mask):
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _axpy_kernel(out_ptr, keys_ptr, scale, start, n,
                  W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3,
-                 STORE_EPS: tl.constexpr, BLOCK: tl.constexpr):
+                 STORE_EPS: tl.constexpr, QUAD: tl.constexpr, BLOCK: tl.constexpr):
     """out[k] = eps (STORE_EPS) or fma(eps, scale, out[k]) for local elements start + k, k < n."""
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    k, idx = _tile(start, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3, QUAD, BLOCK)
     mask = k < n
-    j = _global_index(start + k, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3)
     tid = tl.load(keys_ptr).to(tl.uint64, bitcast=True)
     seed = tl.load(keys_ptr + 1).to(tl.uint64, bitcast=True)
-    z = _normal(j, seed, tid)
+    z = _eps(idx, seed, tid, QUAD)
     if STORE_EPS:
         _store(out_ptr + k, z, mask)
     else:
@@ -108,17 +148,16 @@ def _axpy_kernel(out_ptr, keys_ptr, scale, start, n,
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _update_kernel(w_ptr, m_ptr, keys_ptr, mw_ptr, G, scale, decay, start, n,
                    W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3,
-                   MODE: tl.constexpr, HAS_DECAY: tl.constexpr, BLOCK: tl.constexpr):
+                   MODE: tl.constexpr, HAS_DECAY: tl.constexpr, QUAD: tl.constexpr, BLOCK: tl.constexpr):
     """acc = scale * sum_g fma-accumulated mw[g] * eps(seed g), in registers; then by MODE:
     0: w = fma(w, decay, acc) (or w + acc); 1: m = m * decay + acc, w = m; 2: w = acc (an fp32 buffer)."""
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    k, idx = _tile(start, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3, QUAD, BLOCK)
     mask = k < n
-    j = _global_index(start + k, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3)
     tid = tl.load(keys_ptr).to(tl.uint64, bitcast=True)
-    acc = tl.full([BLOCK], 0.0, tl.float32)  # builtins only: library @jit helpers are bound to one mode
+    acc = tl.full(k.shape, 0.0, tl.float32)  # builtins only: library @jit helpers are bound to one mode
     for g in range(0, G):
         seed = tl.load(keys_ptr + 1 + g).to(tl.uint64, bitcast=True)
-        acc = tl.fma(_normal(j, seed, tid), tl.load(mw_ptr + g), acc)
+        acc = tl.fma(_eps(idx, seed, tid, QUAD), tl.load(mw_ptr + g), acc)
     acc = acc * scale
     if MODE == 0:
         w = tl.load(w_ptr + k, mask=mask).to(tl.float32)

@@ -82,6 +82,14 @@ def _geometry(info) -> tuple:
             *((0,) * pad + tuple(ostride)))
 
 
+def _quad_aligned(geom: tuple, start: int) -> bool:
+    """Whether every run of the box, and ``start``, begin at a multiple of 4 (then the kernels compute
+    each Philox counter once for its four elements): whole tensors and row shards with numel % 4 == 0,
+    column shards of widths and offsets % 4 == 0."""
+    width, base, strides = geom[0], geom[1], geom[2 + 2 * MAX_OUTER:]
+    return width % 4 == 0 and base % 4 == 0 and start % 4 == 0 and all(s % 4 == 0 for s in strides)
+
+
 _variants: dict = {}
 _variants_lock = threading.Lock()
 
@@ -107,8 +115,10 @@ def _launch(name: str, flat: torch.Tensor, start: int, n: int, info, *args, **co
     if n <= 0:
         return
     kernel = getattr(_kernels(flat.device.type != "cuda" or interpreting()), name)
+    geom = _geometry(info)
     grid = (triton.cdiv(n, BLOCK),)
-    kernel[grid](*args, start, n, *_geometry(info), BLOCK=BLOCK, enable_fp_fusion=False, **consts)
+    kernel[grid](*args, start, n, *geom, QUAD=_quad_aligned(geom, start), BLOCK=BLOCK, enable_fp_fusion=False,
+                 **consts)
 
 
 def _keys(tid: int, seeds, device) -> torch.Tensor:

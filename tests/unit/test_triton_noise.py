@@ -36,7 +36,13 @@ BOXES = {
     "uneven_cols": ((30, 50), (slice(0, 30), slice(3, 34))),
     "box3d": ((4, 6, 10), (slice(1, 3), slice(2, 5), slice(3, 9))),
     "vector": ((101,), (slice(33, 90),)),
+    # runs starting at multiples of 4: the kernels' four-elements-per-counter (QUAD) tiles
+    "whole4": ((32, 48), None),
+    "rows4": ((32, 48), (slice(8, 16), slice(0, 48))),
+    "cols4": ((32, 48), (slice(0, 32), slice(8, 24))),
+    "box3d4": ((4, 8, 12), (slice(1, 3), slice(2, 5), slice(4, 12))),
 }
+QUAD = {"rows", "whole4", "rows4", "cols4", "box3d4"}
 
 
 def _info(kind, name="model.layers.3.mlp.down_proj.weight"):
@@ -54,9 +60,11 @@ def _weights(info, dtype, seed=0):
 @pytest.mark.parametrize("kind", list(BOXES))
 def test_noise_equals_reference_on_every_slice(kind):
     info = _info(kind)
+    assert triton_noise._quad_aligned(triton_noise._geometry(info), 0) == (kind in QUAD)  # both kernel paths
     ref = local_noise(SEED, info)
-    got = local_noise(SEED, info, backend="triton", block=100)  # blocks that cut runs
-    assert torch.equal(got, ref)
+    for block in (100, 102):  # blocks that cut runs; starts at multiples of 4 (QUAD) or not
+        got = local_noise(SEED, info, backend="triton", block=block)
+        assert torch.equal(got, ref)
     full = local_noise(SEED, ShardInfo.full(info.name, info.global_shape))
     box = BOXES[kind][1]
     assert torch.equal(got, full if box is None else full[box])  # the slice of the canonical eps
@@ -99,7 +107,7 @@ def _members(g):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("g", [1, 8, 32])
 def test_perturb_restore_update_equal_eager(dtype, g):
-    infos = [_info(k) for k in ("whole", "cols", "uneven_rows", "box3d")]
+    infos = [_info(k, f"model.{k}.weight") for k in ("whole", "cols", "uneven_rows", "box3d", "cols4", "whole4")]
     for master, restore, wd in (("none", "subtract", 0.0), ("none", "snapshot", 0.01), ("fp32_host", "snapshot", 0.01)):
         a = _run("eager", infos, dtype, master, restore, _members(g), 0.3, wd)
         b = _run("triton", infos, dtype, master, restore, _members(g), 0.3, wd)
@@ -134,7 +142,7 @@ def test_bf16_writes_round_fp32_result_to_nearest_even_once():
 
 
 def test_update_into_same_device_master_is_one_pass_and_equal():
-    info = _info("cols")
+    info = _info("cols4")
     for dtype in (torch.float32, torch.bfloat16):
         a = _run("eager", [info], dtype, "fp32_host", "snapshot", _members(8), 1e-4, 0.0)
         b = _run("triton", [info], dtype, "fp32_host", "snapshot", _members(8), 1e-4, 0.0)
@@ -143,8 +151,11 @@ def test_update_into_same_device_master_is_one_pass_and_equal():
 
 def test_acc_only_chunk_equals_torch_accumulation():
     """The host-master path on CUDA: the kernel writes scale * sum for a chunk [a, b) of the shard."""
-    info = _info("uneven_cols")
-    a, b = 333, 900  # of 930 local elements
+    for kind, (a, b) in (("uneven_cols", (333, 900)), ("cols4", (64, 500))):  # of 930 / 512 local elements
+        _acc_only_case(_info(kind), a, b)
+
+
+def _acc_only_case(info, a, b):
     members = _members(8)
     acc = torch.zeros(b - a)
     for seed, w in members:
@@ -220,7 +231,8 @@ def _ptx(name, consts, wdtype="fp32"):
         sig = {"w_ptr": f"*{wdtype}", "m_ptr": "*fp32", "keys_ptr": "*i64", "mw_ptr": "*fp32", "G": "i32",
                "scale": "fp32", "decay": "fp32"}
     sig.update(start="i64", n="i64", **geom)
-    src = ASTSource(fn=getattr(triton_noise._kernels(False), name), signature=sig, constexprs={**consts, "BLOCK": 1024})
+    consts = {"QUAD": True, **consts, "BLOCK": 1024}
+    src = ASTSource(fn=getattr(triton_noise._kernels(False), name), signature=sig, constexprs=consts)
     return tcompile(src, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
 
 
@@ -237,3 +249,5 @@ def test_compiled_kernels_use_precise_fp64_math_and_contract_nothing():
     acc_only = _ptx("_update_kernel", {"MODE": 2, "HAS_DECAY": False}).count("fma.rn.f32")  # the member sum only
     assert acc_only > 0 and fused[1] == acc_only and fused[0] == 2 * acc_only  # mode 0: + fma(w, decay, acc)
     assert "cvt.rn.bf16" not in _ptx("_axpy_kernel", {"STORE_EPS": False}, "bf16")  # integer RNE, as torch
+    per_element = _ptx("_axpy_kernel", {"STORE_EPS": True, "QUAD": False})  # the unaligned path compiles too
+    assert "sqrt.rn.f64" in per_element and "__nv_log" in per_element

@@ -108,7 +108,8 @@ def _members(g):
 @pytest.mark.parametrize("g", [1, 8, 32])
 def test_perturb_restore_update_equal_eager(dtype, g):
     infos = [_info(k, f"model.{k}.weight") for k in ("whole", "cols", "uneven_rows", "box3d", "cols4", "whole4")]
-    for master, restore, wd in (("none", "subtract", 0.0), ("none", "snapshot", 0.01), ("fp32_host", "snapshot", 0.01)):
+    cases = (("none", "subtract", 0.0), ("none", "snapshot", 0.01), ("fp32_host", "snapshot", 0.01))
+    for master, restore, wd in cases if g < 32 else (("none", "subtract", 0.01),):  # the interpreter is slow
         a = _run("eager", infos, dtype, master, restore, _members(g), 0.3, wd)
         b = _run("triton", infos, dtype, master, restore, _members(g), 0.3, wd)
         for key in a:

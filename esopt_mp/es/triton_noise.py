@@ -5,7 +5,11 @@ its row-major index ``j`` in the canonical (unsharded) tensor from the ShardInfo
 width, outer local sizes, global offsets and strides: whole tensors, row / column / any box), and
 computes eps(j) exactly as :func:`esopt_mp.es.philox.normals_kernel` does: Philox4x32-10 (the
 rounds of ``tl.philox``) keyed by the member seed on counter ``(j//4, tid)``, the output word
-pair of lane ``j % 4``, Box-Muller in float64, one float32 rounding. The fp64 constant
+pair of lane ``j % 4``, Box-Muller in float64, one float32 rounding. When every run of the box
+starts at a multiple of 4 (whole tensors and row shards with numel % 4 == 0, column shards of
+4-aligned widths and offsets) a program takes [BLOCK/4, 4] tiles instead, so one Philox call and two
+Box-Muller pairs serve four elements (4x fewer Philox rounds, half the fp64 transcendentals, same
+bits). The fp64 constant
 2*pi*2**-32 is built from its bit pattern: a Python float literal in a Triton expression is an
 fp32 constant.
 

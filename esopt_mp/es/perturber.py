@@ -140,7 +140,7 @@ class Perturber:
         for shard in self.shards:
             flat = shard.tensor.view(-1)
             if self._fused(shard):
-                from esopt_mp.es import triton_noise  # imported on use: TRITON_INTERPRET is read at import
+                from esopt_mp.es import triton_noise  # on use: triton is an optional extra
                 triton_noise.axpy_(flat, seed, shard.info, scale)
                 continue
             for p, z in self._stream(seed, shard, 0, shard.info.numel):
@@ -229,7 +229,7 @@ class Perturber:
         decay = 1.0 - alpha * weight_decay
         members = [(int(s), g * w) for s, g, w in zip(seeds, signs, ws) if w != 0.0]
         if any(b == "triton" for b in self.backends.values()):
-            from esopt_mp.es import triton_noise  # imported on use: TRITON_INTERPRET is read at import
+            from esopt_mp.es import triton_noise  # on use: triton is an optional extra
         fused_in_place = [self._fused(s) and (self._master is None or self._master[k].device == s.tensor.device)
                           for k, s in enumerate(self.shards)]
         sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard that needs it

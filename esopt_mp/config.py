@@ -61,7 +61,7 @@ class ESConfig:
     restore: str = "snapshot"
     master: str = "none"
     chunk_elems: int = 1 << 24
-    noise_backend: str = "eager"
+    noise_backend: str = "auto"  # esopt_mp/es/backend.py: triton on CUDA, compile for large CPU shards
     weight_decay: float = 0.0
     include: list[str] = dataclasses.field(default_factory=lambda: ["*"])
     exclude: list[str] = dataclasses.field(default_factory=list)
@@ -79,8 +79,8 @@ class ESConfig:
         _check(self.restore in RESTORE_MODES, f"{key}.restore", f"must be one of {RESTORE_MODES}, got {self.restore!r}")
         _check(self.master in MASTER_MODES, f"{key}.master", f"must be one of {MASTER_MODES}, got {self.master!r}")
         _check(self.chunk_elems >= 1024, f"{key}.chunk_elems", f"must be >= 1024, got {self.chunk_elems}")
-        _check(self.noise_backend in ("eager", "compile"), f"{key}.noise_backend",
-               f"must be eager or compile, got {self.noise_backend!r}")
+        _check(self.noise_backend in ("auto", "eager", "compile", "triton"), f"{key}.noise_backend",
+               f"must be auto, eager, compile or triton, got {self.noise_backend!r}")
         _check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"{key}.weight_decay",
                f"must be finite and >= 0, got {self.weight_decay}")
 
@@ -360,7 +360,7 @@ class TrainConfig:
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
-        test_compiled_kernel_is_bit_identical_to_eager), held-out evaluation
+        test_compiled_kernel_is_bit_identical_to_eager, test_perturb_restore_update_equal_eager), held-out evaluation
         (``env.n_eval``/``eval_path``/``eval_repeats``/``eval_temperature``:
         training tasks never depend on them), the sandbox's isolation level
         (``env.sandbox.level``/``min_level``: a requeue may land on a node with

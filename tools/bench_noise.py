@@ -11,7 +11,11 @@ Figures (all measured in this one run, so ratios are meaningful on a noisy machi
 - drift of 1000 bf16 perturb/restore cycles with ``subtract`` (max / RMS ulp) vs ``snapshot``;
 - how far 100 updates of 1e-5 move bf16 weights with and without the fp32 host master.
 
-Usage: python tools/bench_noise.py [--quick]
+With ``--cuda``: the Triton kernels on a GPU instead (tools/bench_noise_cuda.py: equality with the torch
+path on the same GPU, noise elements/s, the fused update's bytes/s as a fraction of a device-to-device
+copy, G=8/32 update over one perturb pass); without CUDA it prints why it skipped and exits 0.
+
+Usage: python tools/bench_noise.py [--quick] [--cuda [--check-only]]
 """
 from __future__ import annotations
 
@@ -184,11 +188,26 @@ def bench_drift(n: int, cycles: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    ap.add_argument("--cuda", action="store_true", help="the Triton kernels on CUDA (skips cleanly without)")
+    ap.add_argument("--check-only", action="store_true", help="with --cuda: only the equality checks")
     ap.add_argument("--memory-child", nargs=3, metavar=("MODE", "PARAMS_M", "CHUNK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
         mode, params_m, chunk = args.memory_child
         print(json.dumps(_memory_child(mode, int(params_m), int(chunk))))
+        return
+    if args.cuda:
+        import bench_noise_cuda as bc  # tools/ is on sys.path when this script runs
+
+        reason = bc.skip_reason()
+        if reason:
+            print(json.dumps({"skipped": True, "reason": reason}))
+            return
+        dev = torch.device("cuda")
+        result = bc.check(dev)
+        if not args.check_only:
+            result["bench"] = bc.bench(dev, 1 << (22 if args.quick else 27), 3 if args.quick else 5)
+        print(json.dumps(result))
         return
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     quick = args.quick

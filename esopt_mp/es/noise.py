@@ -19,6 +19,7 @@ from functools import cached_property
 
 import torch
 
+from esopt_mp.es.backend import resolve as resolve_backend
 from esopt_mp.es.philox import get_kernel, key_words, tensor_id
 
 DEFAULT_BLOCK = 1 << 16
@@ -143,6 +144,8 @@ def stream(
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (local flat offset p, eps [R, L]) covering local elements [start, stop) of ``info``.
 
+    ``backend``: see :mod:`esopt_mp.es.backend` (all give the same eps; triton yields [1, L] blocks).
+
     ``eps.reshape(-1)`` belongs at ``local_flat[p : p + R * L]``. Extra memory is O(block).
     """
     stop = info.numel if stop is None else stop
@@ -151,6 +154,13 @@ def stream(
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     device = torch.device("cpu") if device is None else torch.device(device)
+    backend = resolve_backend(backend, device, stop - start)
+    if backend == "triton":  # eps straight from the kernel, one flat block at a time
+        from esopt_mp.es import triton_noise
+        for a in range(start, stop, block):
+            out = torch.empty(min(stop, a + block) - a, dtype=torch.float32, device=device)
+            yield a, triton_noise.axpy_(out, seed, info, None, start=a).view(1, -1)
+        return
     kernel = get_kernel(backend)
     words = key_words(seed, info.tid, device)
     for p, starts, length in info.blocks(start, stop, block):

@@ -26,10 +26,12 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from esopt_mp.es.backend import resolve as resolve_backend
 from esopt_mp.es.hostmem import HostCopies
 from esopt_mp.es.noise import ShardInfo, stream
 
 RESTORE_MODES = ("subtract", "snapshot")
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the Triton kernels' fp32 math; not fp64
 MASTER_MODES = ("none", "fp32_host")
 
 
@@ -83,7 +85,7 @@ class Perturber:
         master: str = "none",
         chunk_elems: int = 1 << 24,
         block: int | None = None,
-        noise_backend: str = "eager",
+        noise_backend: str = "auto",
     ):
         if restore not in RESTORE_MODES:
             raise ValueError(f"unknown restore mode {restore!r}; expected one of {RESTORE_MODES}")
@@ -100,6 +102,11 @@ class Perturber:
         # a noise block's temporaries (~40 B/element) stay under ~10% of the fp32 chunk
         self.block = int(block) if block else max(1 << 14, min(1 << 17, self.chunk_elems // 128))
         self.noise_backend = noise_backend
+        per_device: dict[torch.device, int] = {}
+        for s in self.shards:
+            per_device[s.tensor.device] = per_device.get(s.tensor.device, 0) + s.info.numel
+        # the concrete backend per device (esopt_mp.es.backend); "triton" runs the fused kernels
+        self.backends = {dev: resolve_backend(noise_backend, dev, n) for dev, n in per_device.items()}
         self._active: tuple[int, float, int] | None = None
         tensors = [s.tensor for s in self.shards]
         self.master_host = HostCopies(tensors, torch.float32).copy_from_(tensors) if master == "fp32_host" else None
@@ -123,11 +130,19 @@ class Perturber:
 
     def _stream(self, seed: int, shard: LocalShard, a: int, b: int):
         return stream(seed, shard.info, a, b, block=self.block, device=shard.tensor.device,
-                      backend=self.noise_backend)
+                      backend=self.backends[shard.tensor.device])
+
+    def _fused(self, shard: LocalShard) -> bool:
+        """Whether the fused Triton kernels do this shard's arithmetic (fp32 math: not fp64 weights)."""
+        return self.backends[shard.tensor.device] == "triton" and shard.tensor.dtype in FUSED_DTYPES
 
     def _add_noise_(self, seed: int, scale: float) -> None:
         for shard in self.shards:
             flat = shard.tensor.view(-1)
+            if self._fused(shard):
+                from esopt_mp.es import triton_noise  # on use: triton is an optional extra
+                triton_noise.axpy_(flat, seed, shard.info, scale)
+                continue
             for p, z in self._stream(seed, shard, 0, shard.info.numel):
                 flat[p : p + z.numel()].view_as(z).add_(z, alpha=scale)
 
@@ -213,22 +228,35 @@ class Perturber:
         scale = alpha / len(ws)
         decay = 1.0 - alpha * weight_decay
         members = [(int(s), g * w) for s, g, w in zip(seeds, signs, ws) if w != 0.0]
-        sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard
-        for shard in self.shards:
+        if any(b == "triton" for b in self.backends.values()):
+            from esopt_mp.es import triton_noise  # on use: triton is an optional extra
+        fused_in_place = [self._fused(s) and (self._master is None or self._master[k].device == s.tensor.device)
+                          for k, s in enumerate(self.shards)]
+        sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard that needs it
+        for shard, done in zip(self.shards, fused_in_place):
             dev = shard.tensor.device
-            sizes[dev] = max(sizes.get(dev, 0), min(self.chunk_elems, shard.info.numel))
+            if not done:
+                sizes[dev] = max(sizes.get(dev, 0), min(self.chunk_elems, shard.info.numel))
         bufs = {dev: torch.empty(n, dtype=torch.float32, device=dev) for dev, n in sizes.items()}
         for k, shard in enumerate(self.shards):
             flat = shard.tensor.view(-1)
             n = shard.info.numel
+            if fused_in_place[k]:  # one pass, the sum in registers, into the weights or the same-device master
+                triton_noise.update_(flat, shard.info, members, scale, decay,
+                                     master=None if self._master is None else self._master[k].view(-1))
+                continue
             acc_buf = bufs[shard.tensor.device]
             for a in range(0, n, self.chunk_elems):
                 b = min(n, a + self.chunk_elems)
-                acc = acc_buf[: b - a].zero_()
-                for seed, w in members:
-                    for p, z in self._stream(seed, shard, a, b):
-                        acc[p - a : p - a + z.numel()].view_as(z).add_(z, alpha=w)
-                acc.mul_(scale)
+                acc = acc_buf[: b - a]
+                if self._fused(shard):  # host master: the kernel sums on the device, torch applies it
+                    triton_noise.update_(acc, shard.info, members, scale, 1.0, start=a, acc_only=True)
+                else:
+                    acc.zero_()
+                    for seed, w in members:
+                        for p, z in self._stream(seed, shard, a, b):
+                            acc[p - a : p - a + z.numel()].view_as(z).add_(z, alpha=w)
+                    acc.mul_(scale)
                 if self._master is not None:
                     m = self._master[k].view(-1)[a:b]
                     if decay != 1.0:

@@ -20,11 +20,12 @@ dtype, master = getattr(torch, sys.argv[1]), sys.argv[2]
 sizes = [(1024, 10240), (768, 10240), (3, 5)]
 shards = [LocalShard(torch.randn(s).to(dtype), ShardInfo.full(f"w{i}", s)) for i, s in enumerate(sizes)]
 warm = Perturber([LocalShard(torch.zeros(1 << 16, dtype=dtype), ShardInfo.full("x", (1 << 16,)))],
-                 restore="snapshot", master=master, chunk_elems=1 << 16, block=1 << 14)
+                 restore="snapshot", master=master, chunk_elems=1 << 16, block=1 << 14, noise_backend="eager")
 warm.perturb(1, 0.1)  # one-time costs (noise kernels, allocator arenas) are not the snapshot's
 warm.restore()
 before = psutil.Process().memory_info().rss
-p = Perturber(shards, restore="snapshot", master=master, chunk_elems=1 << 16, block=1 << 14)
+p = Perturber(shards, restore="snapshot", master=master, chunk_elems=1 << 16, block=1 << 14,
+              noise_backend="eager")  # auto would compile at 18M elements: its memory is not the snapshot's
 p.perturb(7, 0.1)
 p.restore()
 grown = psutil.Process().memory_info().rss - before

@@ -220,7 +220,7 @@ class ESWorkerExtension:
         self._esopt_perturber = Perturber(local_shards(chosen, tensors), restore=spec.get("restore", "snapshot"),
                                           master=spec.get("master", "none"),
                                           chunk_elems=spec.get("chunk_elems", 1 << 24),
-                                          noise_backend=spec.get("noise_backend", "eager"))
+                                          noise_backend=spec.get("noise_backend", "auto"))
         self._esopt_changed()  # the served-dtype values reach vLLM before the first generation
         unmapped = sum(math.prod(s) for s in runtime_shapes.values()) - sum(p.stop - p.start for p in pieces)
         return {"sync": sync, "pieces": len(pieces), "perturbed_pieces": len(chosen),

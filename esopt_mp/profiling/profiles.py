@@ -54,7 +54,10 @@ def _es_step(s: MemorySampler, model, engine, wl: Workload, name: str, opt: Prof
 
     restore, master = ES_MODES[name]
     s.mark("setup")
-    pert = Perturber(build_shards(model), restore=restore, master=master, chunk_elems=opt.chunk_elems)
+    # eager noise: torch.compile's one-off compiler memory (es.noise_backend=auto on a big CPU shard) would land in
+    # the measured window; every backend gives the same noise and the same ES tensors (tests/unit/test_triton_noise)
+    pert = Perturber(build_shards(model), restore=restore, master=master, chunk_elems=opt.chunk_elems,
+                     noise_backend="eager")
     seeds = [opt.seed * 1000 + 17 + m // 2 for m in range(opt.population)]  # mirrored pairs, as es.mirrored
     signs = [1 if m % 2 == 0 else -1 for m in range(opt.population)]
     for m in range(opt.population):

@@ -69,7 +69,14 @@ def workload(engine, vocab: int, batch: int, turns: int, new_tokens: int, seed: 
 
 
 def es_steps(weights, engine, vocab, args) -> dict:
-    """Two ES steps of ``args.members`` members; ES cost = perturb + restore (+ reload) + update."""
+    """Two ES steps of ``args.members`` members; ES cost = perturb + restore (+ reload) + update.
+
+    One untimed perturb / restore / update first: Triton compiles its kernels on first use, which is
+    not a per-step cost."""
+    weights.perturb(1, 0.01, 1)
+    weights.restore()
+    weights.update([1], [1], [0.0], 0.0)
+    _sync()
     es_s = total = 0.0
     tokens = 0
     _peak_reset()

@@ -19,17 +19,20 @@ except Exception as e:
 print(json.dumps({"torch": torch.__version__, "cuda": torch.cuda.is_available(),
                   "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "vllm": v}))
 PY
-timeout 330 python tools/gpu_check.py --dir "$dir" > "$dir/eager.json" 2> "$dir/eager.err"; e1=$?
-timeout 150 python tools/gpu_check.py --dir "$dir" --graphs --members 2 > "$dir/graphs.json" 2> "$dir/graphs.err"; e2=$?
-left=$((470 - SECONDS)); [ "$left" -gt 120 ] && left=120   # the noise step takes what is left of 8 minutes
+# the Triton kernels' bit-equality with torch on this GPU first (its verdict must not be lost to a timeout)
+env -u TRITON_INTERPRET timeout 60 python tools/bench_noise.py --cuda --check-only > "$dir/noise_check.json" \
+  2> "$dir/noise_check.err"; e0=$?
+timeout 270 python tools/gpu_check.py --dir "$dir" > "$dir/eager.json" 2> "$dir/eager.err"; e1=$?
+timeout 110 python tools/gpu_check.py --dir "$dir" --graphs --members 2 > "$dir/graphs.json" 2> "$dir/graphs.err"; e2=$?
+left=$((470 - SECONDS)); [ "$left" -gt 120 ] && left=120   # the noise bench takes what is left of 8 minutes
 if [ "$left" -ge 30 ]; then
   env -u TRITON_INTERPRET timeout "$left" python tools/bench_noise.py --cuda > "$dir/noise.json" 2> "$dir/noise.err"; e3=$?
 else
   echo "{\"skipped\": true, \"reason\": \"only ${left}s left of the 8-minute budget\"}" > "$dir/noise.json"; e3=0
 fi
-python - "$dir" "$e1" "$e2" "$e3" <<'PY'
+python - "$dir" "$e0" "$e1" "$e2" "$e3" <<'PY'
 import json, os, sys
-d, e1, e2, e3 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+d, e0, e1, e2, e3 = sys.argv[1], *map(int, sys.argv[2:6])
 def load(name, rc):
     p = os.path.join(d, name + ".json")
     try:
@@ -38,5 +41,5 @@ def load(name, rc):
         err = open(os.path.join(d, name + ".err")).read()[-600:] if os.path.exists(os.path.join(d, name + ".err")) else ""
         return {"exit": rc, "error_tail": err}
 print(json.dumps({"env": json.load(open(os.path.join(d, "env.json"))), "eager": load("eager", e1),
-                  "graphs": load("graphs", e2), "noise": load("noise", e3)}))
+                  "graphs": load("graphs", e2), "noise_check": load("noise_check", e0), "noise": load("noise", e3)}))
 PY

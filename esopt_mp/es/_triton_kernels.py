@@ -11,7 +11,7 @@ import triton.language as tl
 
 _TWO_PI_2_32_BITS = tl.constexpr(struct.unpack("<q", struct.pack("<d", 2.0 * 3.141592653589793 * 2.0**-32))[0])
 _GEOM = ["W", "base", "n0", "n1", "n2", "n3", "o0", "o1", "o2", "o3", "s0", "s1", "s2", "s3"]
-_NO_SPEC = ["start", "n", "G"] + _GEOM
+_NO_SPEC = ["start", "n", "G", "tid_bits", "seed_bits"] + _GEOM
 
 
 @triton.jit
@@ -129,14 +129,14 @@ def _store(ptr, x, mask):
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _axpy_kernel(out_ptr, keys_ptr, scale, start, n,
+def _axpy_kernel(out_ptr, tid_bits, seed_bits, scale, start, n,
                  W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3,
                  STORE_EPS: tl.constexpr, QUAD: tl.constexpr, BLOCK: tl.constexpr):
     """out[k] = eps (STORE_EPS) or fma(eps, scale, out[k]) for local elements start + k, k < n."""
     k, idx = _tile(start, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3, QUAD, BLOCK)
     mask = k < n
-    tid = tl.load(keys_ptr).to(tl.uint64, bitcast=True)
-    seed = tl.load(keys_ptr + 1).to(tl.uint64, bitcast=True)
+    tid = tid_bits.to(tl.int64).to(tl.uint64, bitcast=True)  # scalars: no host-to-device copy per launch
+    seed = seed_bits.to(tl.int64).to(tl.uint64, bitcast=True)  # (a small value arrives as i32: widen first)
     z = _eps(idx, seed, tid, QUAD)
     if STORE_EPS:
         _store(out_ptr + k, z, mask)
@@ -146,17 +146,17 @@ def _axpy_kernel(out_ptr, keys_ptr, scale, start, n,
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _update_kernel(w_ptr, m_ptr, keys_ptr, mw_ptr, G, scale, decay, start, n,
+def _update_kernel(w_ptr, m_ptr, tid_bits, seeds_ptr, mw_ptr, G, scale, decay, start, n,
                    W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3,
                    MODE: tl.constexpr, HAS_DECAY: tl.constexpr, QUAD: tl.constexpr, BLOCK: tl.constexpr):
     """acc = scale * sum_g fma-accumulated mw[g] * eps(seed g), in registers; then by MODE:
     0: w = fma(w, decay, acc) (or w + acc); 1: m = m * decay + acc, w = m; 2: w = acc (an fp32 buffer)."""
     k, idx = _tile(start, W, base, n0, n1, n2, n3, o0, o1, o2, o3, s0, s1, s2, s3, QUAD, BLOCK)
     mask = k < n
-    tid = tl.load(keys_ptr).to(tl.uint64, bitcast=True)
+    tid = tid_bits.to(tl.int64).to(tl.uint64, bitcast=True)
     acc = tl.full(k.shape, 0.0, tl.float32)  # builtins only: library @jit helpers are bound to one mode
     for g in range(0, G):
-        seed = tl.load(keys_ptr + 1 + g).to(tl.uint64, bitcast=True)
+        seed = tl.load(seeds_ptr + g).to(tl.uint64, bitcast=True)
         acc = tl.fma(_eps(idx, seed, tid, QUAD), tl.load(mw_ptr + g), acc)
     acc = acc * scale
     if MODE == 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 
 import torch
 
@@ -34,8 +35,33 @@ def triton_importable() -> bool:
     return triton_noise.available()
 
 
+def _triton_works(device) -> tuple[bool, str]:
+    """One tiny launch against the torch reference (once per device): Triton may import and still be unable
+    to build its launcher (no C compiler) or compile for this GPU; auto then falls back instead of crashing."""
+    if device in _probed:
+        return _probed[device]
+    from esopt_mp.es.noise import ShardInfo, local_noise
+    from esopt_mp.es import triton_noise
+
+    info = ShardInfo.full("esopt.backend.probe", (64,))
+    try:
+        got = triton_noise.axpy_(torch.zeros(64, device=device), 12345, info, None)
+        ok = torch.equal(got.cpu(), local_noise(12345, info, device="cpu").cpu())
+        why = "" if ok else "its noise differs from the torch reference on this device"
+    except Exception as e:  # noqa: BLE001 - any failure to build or run means: do not use it
+        ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    _probed[device] = (ok, why)
+    return ok, why
+
+
+_probed: dict = {}
+
+
 def resolve(backend: str, device, numel: int) -> str:
-    """The concrete backend for ``numel`` local elements on ``device``; logs auto's choice once."""
+    """The concrete backend for ``numel`` local elements on ``device``; logs auto's choice once.
+
+    ``ESOPT_NOISE_BACKEND`` overrides ``es.noise_backend`` (any of :data:`BACKENDS`)."""
+    backend = os.environ.get("ESOPT_NOISE_BACKEND", backend)
     if backend not in BACKENDS:
         raise ValueError(f"es.noise_backend must be one of {BACKENDS}, got {backend!r}")
     device = torch.device(device)
@@ -45,8 +71,12 @@ def resolve(backend: str, device, numel: int) -> str:
         return backend
     if backend != "auto":
         return backend
-    if device.type == "cuda" and triton_importable():
-        choice, why = "triton", "CUDA tensors and Triton importable"
+    works, failure = _triton_works(device) if device.type == "cuda" and triton_importable() else (False, "")
+    if works:
+        choice, why = "triton", "CUDA tensors, Triton builds and matches the torch reference"
+    elif failure:
+        choice, why = "eager", f"Triton imports but fails here ({failure})"
+        log.warning("es.noise_backend=auto: %s; using eager", why)
     elif device.type == "cuda":
         choice, why = "eager", "CUDA tensors, Triton not importable (inductor needs it too)"
     elif numel >= AUTO_COMPILE_MIN_ELEMS:

@@ -228,8 +228,11 @@ class Perturber:
         scale = alpha / len(ws)
         decay = 1.0 - alpha * weight_decay
         members = [(int(s), g * w) for s, g, w in zip(seeds, signs, ws) if w != 0.0]
+        packed = {}
         if any(b == "triton" for b in self.backends.values()):
             from esopt_mp.es import triton_noise  # on use: triton is an optional extra
+
+            packed = {dev: triton_noise.pack_members(members, dev) for dev, b in self.backends.items() if b == "triton"}
         fused_in_place = [self._fused(s) and (self._master is None or self._master[k].device == s.tensor.device)
                           for k, s in enumerate(self.shards)]
         sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard that needs it
@@ -242,7 +245,7 @@ class Perturber:
             flat = shard.tensor.view(-1)
             n = shard.info.numel
             if fused_in_place[k]:  # one pass, the sum in registers, into the weights or the same-device master
-                triton_noise.update_(flat, shard.info, members, scale, decay,
+                triton_noise.update_(flat, shard.info, members, scale, decay, packed=packed[shard.tensor.device],
                                      master=None if self._master is None else self._master[k].view(-1))
                 continue
             acc_buf = bufs[shard.tensor.device]
@@ -250,7 +253,8 @@ class Perturber:
                 b = min(n, a + self.chunk_elems)
                 acc = acc_buf[: b - a]
                 if self._fused(shard):  # host master: the kernel sums on the device, torch applies it
-                    triton_noise.update_(acc, shard.info, members, scale, 1.0, start=a, acc_only=True)
+                    triton_noise.update_(acc, shard.info, members, scale, 1.0, start=a, acc_only=True,
+                                         packed=packed[shard.tensor.device])
                 else:
                     acc.zero_()
                     for seed, w in members:

@@ -88,9 +88,8 @@ def get_kernel(backend: str = "eager"):
     """The normals kernel for ``backend`` in {"eager", "compile"}.
 
     ``compile`` costs ~20 s once per process (less with a warm inductor cache)
-    and runs ~10x faster on CPU; ``ESOPT_NOISE_BACKEND`` overrides the choice.
+    and runs ~10x faster on CPU (``ESOPT_NOISE_BACKEND`` is applied by :mod:`esopt_mp.es.backend`).
     """
-    backend = os.environ.get("ESOPT_NOISE_BACKEND", backend)
     if backend == "eager":
         return normals_kernel
     if backend != "compile":

@@ -46,7 +46,8 @@ BLOCK = 1024
 
 
 def available() -> bool:
-    return triton is not None
+    """Triton with the runtime knobs the kernel loader uses (Triton >= 3.4)."""
+    return triton is not None and hasattr(triton, "knobs")
 
 
 def interpreting() -> bool:
@@ -125,31 +126,36 @@ def _launch(name: str, flat: torch.Tensor, start: int, n: int, info, *args, **co
                  **consts)
 
 
-def _keys(tid: int, seeds, device) -> torch.Tensor:
-    return torch.tensor([_i64(tid)] + [_i64(s) for s in seeds], dtype=torch.int64, device=device)
-
-
 def axpy_(out: torch.Tensor, seed: int, info, scale: float | None, start: int = 0) -> torch.Tensor:
     """``out`` (a contiguous 1-d view of local elements start..start+len) += scale * eps, or = eps
-    when ``scale`` is None. Returns ``out``."""
-    keys = _keys(info.tid, [seed], out.device)
-    _launch("_axpy_kernel", out, start, out.numel(), info, out, keys, _f32(scale or 0.0), STORE_EPS=scale is None)
+    when ``scale`` is None. Returns ``out``. Seed and tensor id go as scalars: no copy, no sync."""
+    _launch("_axpy_kernel", out, start, out.numel(), info, out, _i64(info.tid), _i64(seed), _f32(scale or 0.0),
+            STORE_EPS=scale is None)
     return out
 
 
+def pack_members(members, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seeds int64, weights fp32) on ``device``: uploaded once per update, shared by every shard's launch."""
+    seeds = torch.tensor([_i64(s) for s, _ in members] or [0], dtype=torch.int64)
+    weights = torch.tensor([_f32(x) for _, x in members] or [0.0], dtype=torch.float32)
+    if torch.device(device).type == "cuda":
+        seeds, weights = seeds.pin_memory(), weights.pin_memory()
+    return seeds.to(device, non_blocking=True), weights.to(device, non_blocking=True)
+
+
 def update_(w: torch.Tensor, info, members, scale: float, decay: float, *, master: torch.Tensor | None = None,
-            start: int = 0, acc_only: bool = False) -> None:
+            start: int = 0, acc_only: bool = False, packed: tuple | None = None) -> None:
     """One pass over local elements start..start+len(w) for all ``members`` [(seed, weight)].
 
     ``w`` gets decay * w + scale * sum_g weight_g * eps_g (rounded once), or, with ``master`` on
     the same device, the master gets it and ``w`` its rounding; ``acc_only``: ``w`` (fp32) gets
-    just scale * sum. The fp32 sum lives in registers: no accumulator in memory.
+    just scale * sum. The fp32 sum lives in registers: no accumulator in memory. ``packed``: the
+    members from :func:`pack_members` (built once per update call instead of per shard).
     """
     mode = 2 if acc_only else (1 if master is not None else 0)
     if acc_only and w.dtype != torch.float32:
         raise ValueError("acc_only needs an fp32 output buffer")
-    keys = _keys(info.tid, [s for s, _ in members], w.device)
-    mw = torch.tensor([_f32(x) for _, x in members] or [0.0], dtype=torch.float32, device=w.device)
+    seeds, mw = packed if packed is not None else pack_members(members, w.device)
     m = master if master is not None else w
-    _launch("_update_kernel", w, start, w.numel(), info, w, m, keys, mw, len(members), _f32(scale), _f32(decay),
-            MODE=mode, HAS_DECAY=decay != 1.0)
+    _launch("_update_kernel", w, start, w.numel(), info, w, m, _i64(info.tid), seeds, mw, len(members), _f32(scale),
+            _f32(decay), MODE=mode, HAS_DECAY=decay != 1.0)

@@ -199,11 +199,22 @@ def test_auto_picks_by_device_and_size_and_logs_once(monkeypatch, caplog):
     assert backend.resolve("auto", "cpu", 1000) == "eager"
     assert backend.resolve("auto", "cpu", 2000) == "eager"
     assert backend.resolve("auto", "cpu", backend.AUTO_COMPILE_MIN_ELEMS) == "compile"
+    monkeypatch.setattr(backend, "_triton_works", lambda dev: (True, ""))  # no GPU here: the probe's verdict
     assert backend.resolve("auto", "cuda", 10) == "triton"
+    monkeypatch.setattr(backend, "_triton_works", lambda dev: (False, "RuntimeError: Failed to find C compiler"))
+    assert backend.resolve("auto", "cuda", 10) == "eager"  # imports, cannot build: falls back, says why
+    assert any("Triton imports but fails here (RuntimeError: Failed to find C compiler)" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
+    caplog.clear()
     monkeypatch.setattr(backend, "triton_importable", lambda: False)
+    monkeypatch.setattr(backend, "_logged", set())
     assert backend.resolve("auto", "cuda", 10) == "eager"
+    assert backend.resolve("auto", "cpu", 10) == "eager"
+    monkeypatch.setenv("ESOPT_NOISE_BACKEND", "compile")  # the environment overrides the config
+    assert backend.resolve("auto", "cpu", 10) == "compile"
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 4 and sum("-> eager on cpu" in m for m in lines) == 1, lines
+    assert len(lines) == 2 and sum("-> eager on cpu" in m for m in lines) == 1, lines
+    monkeypatch.delenv("ESOPT_NOISE_BACKEND")
     assert ESConfig().noise_backend == "auto"
     assert Perturber([LocalShard(torch.zeros(8), ShardInfo.full("w", (8,)))]).backends == {torch.device("cpu"): "eager"}
 
@@ -220,17 +231,19 @@ def test_cuda_kernels_equal_torch_reference_on_cuda():
     assert res["equal"] and all(res["equal"].values()), res
 
 
-def _ptx(name, consts, wdtype="fp32"):
-    """PTX of a compiled kernel for sm_90, built here without a GPU (triton ships ptxas)."""
+def _ptx(name, consts, wdtype="fp32", scalar="i64"):
+    """PTX of a compiled kernel for sm_90, built here without a GPU (triton ships ptxas).
+
+    ``scalar``: the type the launch gives tid/seed (Triton passes small values as i32)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as tcompile
 
     geom = dict.fromkeys(["W", "base", "n0", "n1", "n2", "n3", "o0", "o1", "o2", "o3", "s0", "s1", "s2", "s3"], "i64")
     if name == "_axpy_kernel":
-        sig = {"out_ptr": f"*{wdtype}", "keys_ptr": "*i64", "scale": "fp32"}
+        sig = {"out_ptr": f"*{wdtype}", "tid_bits": scalar, "seed_bits": scalar, "scale": "fp32"}
     else:
-        sig = {"w_ptr": f"*{wdtype}", "m_ptr": "*fp32", "keys_ptr": "*i64", "mw_ptr": "*fp32", "G": "i32",
-               "scale": "fp32", "decay": "fp32"}
+        sig = {"w_ptr": f"*{wdtype}", "m_ptr": "*fp32", "tid_bits": scalar, "seeds_ptr": "*i64", "mw_ptr": "*fp32",
+               "G": "i32", "scale": "fp32", "decay": "fp32"}
     sig.update(start="i64", n="i64", **geom)
     consts = {"QUAD": True, **consts, "BLOCK": 1024}
     src = ASTSource(fn=getattr(triton_noise._kernels(False), name), signature=sig, constexprs=consts)
@@ -252,3 +265,15 @@ def test_compiled_kernels_use_precise_fp64_math_and_contract_nothing():
     assert "cvt.rn.bf16" not in _ptx("_axpy_kernel", {"STORE_EPS": False}, "bf16")  # integer RNE, as torch
     per_element = _ptx("_axpy_kernel", {"STORE_EPS": True, "QUAD": False})  # the unaligned path compiles too
     assert "sqrt.rn.f64" in per_element and "__nv_log" in per_element
+    small = _ptx("_axpy_kernel", {"STORE_EPS": False}, scalar="i32")  # a small seed / tid arrives as i32: widened
+    assert "cvt.s64.s32" in small
+
+
+def test_the_auto_probe_runs_the_kernel_against_the_reference(monkeypatch):
+    """The probe auto runs once per CUDA device, here on CPU under the interpreter: a real launch, compared."""
+    monkeypatch.setattr(backend, "_probed", {})
+    assert backend._triton_works(torch.device("cpu")) == (True, "")
+    monkeypatch.setattr(backend, "_probed", {})
+    monkeypatch.delenv("TRITON_INTERPRET")  # CPU tensors without the interpreter: the launch refuses -> not used
+    ok, why = backend._triton_works(torch.device("cpu"))
+    assert not ok and "RuntimeError: es.noise_backend=triton runs on CUDA tensors" in why

@@ -1,0 +1,130 @@
+"""Two "nodes" on this host: two launcher invocations with distinct node ranks and one rendezvous.
+
+Each runs the same short ES config as a single-node ``torchrun --nproc_per_node 2`` reference and must end
+with bitwise identical fp32 weights (the HF exports are compared tensor by tensor). The run directory is
+shared, as ESOPT_RUNS on a cluster's shared file system. ESOPT_THREADS=1 keeps the per-rank thread count
+equal between layouts (it follows the ranks on a node otherwise, and matmul sums depend on it).
+"""
+import glob
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from esopt_mp.parallel.spawn import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CFG = ["model=tiny", "objective=target_logprob", "es.population=4", "es.steps=2", "objective.batch=2",
+       "parallel.dp=2", "run.export=true"]
+_OUTER = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")  # none leak in
+ENV = dict({k: v for k, v in os.environ.items() if k not in _OUTER}, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", ESOPT_THREADS="1", DS_ACCELERATOR="cpu",
+           TORCH_EXTENSIONS_DIR=os.path.join(ROOT, ".cache", "torch_extensions"))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _launch(cmds, run_dir, timeout=300):
+    """Start every command at once (one per node), wait for all; node 0's JSON summary and stderr."""
+    procs = [subprocess.Popen(c + [f"run.dir={run_dir}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for c in cmds]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"{p.args[:8]}...\n{err[-4000:]}"
+    lines = [l for l in outs[0][0].splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]), outs[0][1]
+
+
+def _weights(run_dir):
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(run_dir, "export", "*.safetensors")))
+    assert files, f"no export in {run_dir}"
+    out = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Single node, two ranks: the weights every two-node launch must reproduce."""
+    run = tmp_path_factory.mktemp("single") / "run"
+    s, _ = _launch([TORCHRUN + ["--nproc_per_node", "2", "--master_port", str(free_port()), "launch/train.py", *CFG]],
+                   run)
+    assert s["steps"] == 2
+    ref = _weights(str(run))
+    base = _weights_of_base(str(run))
+    assert any(not torch.equal(ref[k], base[k]) for k in base), "ES left every weight unchanged: nothing compared"
+    return ref
+
+
+def _weights_of_base(run_dir):
+    from safetensors.torch import load_file
+
+    with open(os.path.join(run_dir, "config.json")) as f:
+        base = json.load(f)["base_model"]
+    out = {}
+    for f in glob.glob(os.path.join(base, "*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _assert_same(ref, got):
+    assert sorted(got) == sorted(ref)
+    for k, v in ref.items():
+        assert got[k].dtype == v.dtype == torch.float32, k
+        assert torch.equal(got[k], v), f"{k}: max |diff| {(got[k] - v).abs().max().item():.3g}"
+
+
+def test_torchrun_two_nodes_static_rendezvous(reference, tmp_path):
+    port = str(free_port())
+    nodes = [TORCHRUN + ["--nnodes", "2", "--node_rank", str(r), "--nproc_per_node", "1", "--master_addr",
+                         "127.0.0.1", "--master_port", port, "launch/train.py", *CFG] for r in (0, 1)]
+    s, err = _launch(nodes, tmp_path / "run")
+    assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0
+    assert "rank 0/2 (torchrun, 1 on this node, rendezvous 127.0.0.1:" in err
+    _assert_same(reference, _weights(str(tmp_path / "run")))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (extra [deepspeed])")
+def test_deepspeed_two_nodes_without_ssh(reference, tmp_path):
+    """deepspeed --no_ssh: one invocation per node, each told its --node_rank; the hostfile only counts slots."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node0 slots=1\nnode1 slots=1\n")
+    port = str(free_port())
+    nodes = [[sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh",
+              "--node_rank", str(r), "--master_addr", "127.0.0.1", "--master_port", port, "launch/train.py",
+              "parallel.launcher=deepspeed", *CFG] for r in (0, 1)]
+    s, err = _launch(nodes, tmp_path / "run")
+    assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0
+    assert "rank 0/2 (deepspeed, 1 on this node, rendezvous 127.0.0.1:" in err
+    _assert_same(reference, _weights(str(tmp_path / "run")))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py not installed (extra [mpi])")
+def test_mpirun_two_nodes_mpi4py_rendezvous(reference, tmp_path):
+    """One ``mpirun -np 2`` whose ranks each see themselves alone on their node (Open MPI's per-node variables
+    overridden per rank): two mpirun invocations are two MPI jobs and cannot share a world. No MASTER_ADDR is
+    given, so the address can only come from rank 0 over MPI."""
+    env_node = ["env", "OMPI_COMM_WORLD_LOCAL_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=1"]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", f"MASTER_PORT={free_port()}",
+           *env_node, sys.executable, "launch/train.py", *CFG]
+    s, err = _launch([cmd], tmp_path / "run")
+    assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0
+    assert f"rank 0/2 (mpirun, 1 on this node, rendezvous {socket.gethostname()}:" in err
+    _assert_same(reference, _weights(str(tmp_path / "run")))

@@ -30,7 +30,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def _launch(cmds, run_dir, timeout=300):
-    """Start every command at once (one per node), wait for all; node 0's JSON summary and stderr."""
+    """Start every command at once (one per node), wait for all; rank 0's JSON summary and everyone's stderr."""
     procs = [subprocess.Popen(c + [f"run.dir={run_dir}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for c in cmds]
     outs = []
@@ -44,8 +44,11 @@ def _launch(cmds, run_dir, timeout=300):
                 p.wait()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, f"{p.args[:8]}...\n{err[-4000:]}"
-    lines = [l for l in outs[0][0].splitlines() if l.startswith("{")]
-    return json.loads(lines[-1]), outs[0][1]
+    # rank 0 prints the summary; under c10d the rendezvous decides which invocation holds it
+    found = [json.loads(l) for out, _ in outs for l in out.splitlines() if l.startswith('{"')]
+    found = [d for d in found if "steps" in d]
+    assert len(found) == 1, found
+    return found[0], "".join(err for _, err in outs)
 
 
 def _weights(run_dir):
@@ -90,13 +93,19 @@ def _assert_same(ref, got):
         assert torch.equal(got[k], v), f"{k}: max |diff| {(got[k] - v).abs().max().item():.3g}"
 
 
-def test_torchrun_two_nodes_static_rendezvous(reference, tmp_path):
+@pytest.mark.parametrize("rdzv", ["static", "c10d"])
+def test_torchrun_two_nodes(reference, tmp_path, rdzv):
+    """static: each node told its --node_rank and node 0's address; c10d: the same line on both nodes, node ranks
+    handed out by the rendezvous (the store's host found by trying, as two agents on one host do)."""
     port = str(free_port())
-    nodes = [TORCHRUN + ["--nnodes", "2", "--node_rank", str(r), "--nproc_per_node", "1", "--master_addr",
-                         "127.0.0.1", "--master_port", port, "launch/train.py", *CFG] for r in (0, 1)]
-    s, err = _launch(nodes, tmp_path / "run")
+    if rdzv == "static":
+        nodes = [["--node_rank", str(r), "--master_addr", "127.0.0.1", "--master_port", port] for r in (0, 1)]
+    else:
+        nodes = [["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "two-nodes"]] * 2
+    cmds = [TORCHRUN + ["--nnodes", "2", "--nproc_per_node", "1", *n, "launch/train.py", *CFG] for n in nodes]
+    s, err = _launch(cmds, tmp_path / "run")
     assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0
-    assert "rank 0/2 (torchrun, 1 on this node, rendezvous 127.0.0.1:" in err
+    assert "rank 0/2 (torchrun, 1 on this node, rendezvous " in err
     _assert_same(reference, _weights(str(tmp_path / "run")))
 
 

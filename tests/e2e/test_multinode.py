@@ -137,3 +137,23 @@ def test_mpirun_two_nodes_mpi4py_rendezvous(reference, tmp_path):
     assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0
     assert f"rank 0/2 (mpirun, 1 on this node, rendezvous {socket.gethostname()}:" in err
     _assert_same(reference, _weights(str(tmp_path / "run")))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py not installed (extra [mpi])")
+def test_mpirun_nodes_with_different_environments_agree(tmp_path):
+    """mpirun forwards its shell's variables to the ranks on its own node only: rank 0's "node" has MASTER_ADDR and
+    MASTER_PORT, rank 1's has neither. Both must end up with rank 0's values (a rank that skipped the broadcast
+    used to leave the other waiting in it)."""
+    script = tmp_path / "node.sh"
+    script.write_text(
+        'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then export MASTER_ADDR=127.0.0.1 MASTER_PORT=23456; fi\n'
+        "export OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1\n"
+        f'exec {sys.executable} -c "from esopt_mp.parallel import discover; le = discover(); '
+        'print(\'RDZV\', le.rank, le.local_world_size, le.master_addr, le.master_port, flush=True)"\n')
+    env = dict(ENV, PYTHONPATH=ROOT)
+    proc = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "sh", str(script)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    got = sorted(l.split()[1:] for l in proc.stdout.splitlines() if l.startswith("RDZV"))
+    assert got == [["0", "1", "127.0.0.1", "23456"], ["1", "1", "127.0.0.1", "23456"]]

@@ -17,7 +17,7 @@ set -euo pipefail
 # a step cut off by the time limit is only lost work (checkpoint_every=1 + the ledger), but no requeue happens.
 export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}
 # every task reads these (esopt_mp/parallel/launcher.py, srun branch): rank SLURM_PROCID of SLURM_NTASKS,
-# GPU SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE ranks on its node. srun from Slurm 22.05 on stopped passing
+# GPU SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE ranks on its node. srun of Slurm 22.05 (and some later) does not pass
 # sbatch's --cpus-per-task to its tasks (one core each, OMP_NUM_THREADS threads on it), hence the explicit one
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}

@@ -64,8 +64,9 @@ def main(hcfg: DictConfig) -> None:
         sys.exit(2)
     if not torch.cuda.is_available():
         # ESOPT_THREADS wins (several runs sharing a machine; torchrun always sets OMP_NUM_THREADS=1, so not that);
-        # else the cores split over the ranks
-        torch.set_num_threads(int(os.environ.get("ESOPT_THREADS") or max(1, (os.cpu_count() or 1) // launch.world_size)))
+        # else this node's cores split over the ranks on this node
+        torch.set_num_threads(int(os.environ.get("ESOPT_THREADS")
+                                  or max(1, (os.cpu_count() or 1) // launch.local_world_size)))
     dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
                             use_deepspeed=cfg.parallel.launcher == "deepspeed", timeout_s=cfg.parallel.timeout_s)
     trainer = None

@@ -1,5 +1,6 @@
 #!/bin/bash
 # ES on Qwen3.5-4B Sudoku (the paper's H*=5 profile), one node, 4 GPUs: dp=4 x tp=1.
+# Several nodes: sbatch --nodes=2 slurm/sudoku_4b.sh ... (dp = all tasks, 8 here).
 #SBATCH --job-name=esopt-sudoku-4b
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
@@ -12,11 +13,14 @@
 #SBATCH --output=%x-%j.out
 set -euo pipefail
 export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}         # shared storage: checkpoints + ledger survive requeue
+# every task reads these (esopt_mp/parallel/launcher.py, srun branch): rank SLURM_PROCID of SLURM_NTASKS,
+# GPU SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE ranks on its node. srun of Slurm 22.05 (and some later) does not pass
+# sbatch's --cpus-per-task to its tasks (one core each, OMP_NUM_THREADS threads on it), hence the explicit one
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
 set +e
-srun --kill-on-bad-exit=1 python launch/train.py +experiment=sudoku_4b \
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python launch/train.py +experiment=sudoku_4b \
   parallel.dp=$SLURM_NTASKS parallel.tp=1 env.mask_count=${HSTAR:-5} "$@"
 rc=$?
 set -e

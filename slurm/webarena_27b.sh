@@ -1,5 +1,6 @@
 #!/bin/bash
 # ES on Qwen3.5-27B WebArena-Lite, 4xH100 per node: tp=4 inside a node, dp = number of nodes.
+# Several nodes: sbatch --nodes=2 slurm/webarena_27b.sh (dp=2; the tp ranks of a group stay on one node).
 #SBATCH --job-name=esopt-webarena-27b
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
@@ -15,13 +16,16 @@ set -euo pipefail
 # exits 75, and we requeue. The lead must exceed one ES step (8 members x up to 30 turns of 27B rollouts);
 # a step cut off by the time limit is only lost work (checkpoint_every=1 + the ledger), but no requeue happens.
 export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}
+# every task reads these (esopt_mp/parallel/launcher.py, srun branch): rank SLURM_PROCID of SLURM_NTASKS,
+# GPU SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE ranks on its node. srun of Slurm 22.05 (and some later) does not pass
+# sbatch's --cpus-per-task to its tasks (one core each, OMP_NUM_THREADS threads on it), hence the explicit one
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
 # WA_SHOPPING, WA_SHOPPING_ADMIN, WA_REDDIT, WA_GITLAB, WA_MAP, WA_WIKIPEDIA, WA_HOMEPAGE: the WebArena sites
 : "${WA_SHOPPING:?export the WebArena site URLs (WA_*) before sbatch}"
 set +e
-srun --kill-on-bad-exit=1 python launch/train.py +experiment=webarena_27b \
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python launch/train.py +experiment=webarena_27b \
   parallel.tp=4 parallel.dp=$SLURM_NNODES "$@"
 rc=$?
 set -e

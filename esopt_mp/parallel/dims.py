@@ -131,8 +131,9 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
     if dist.is_initialized():
         dims.backend = dist.get_backend()  # an existing group (or deepspeed's) decides
     dims.build_mesh()
-    log.info("rank %d/%d (%s): dp_rank %d of %d, tp_rank %d of %d, backend %s", le.rank, le.world_size,
-             le.launcher, dims.dp_rank, dp, dims.tp_rank, tp, backend if le.world_size > 1 else "none")
+    log.info("rank %d/%d (%s, %d on this node, rendezvous %s:%d): dp_rank %d of %d, tp_rank %d of %d, backend %s",
+             le.rank, le.world_size, le.launcher, le.local_world_size, le.master_addr, le.master_port, dims.dp_rank,
+             dp, dims.tp_rank, tp, backend if le.world_size > 1 else "none")
     return dims
 
 

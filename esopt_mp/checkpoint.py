@@ -14,6 +14,7 @@ intersecting saved boxes, whatever tp layout wrote them.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -218,30 +219,33 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     used, total = set(), 0
-    for fname in sorted(os.listdir(base)):
-        src = os.path.join(base, fname)
-        if not fname.endswith(".safetensors"):
-            if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(tmp, fname))
-            continue
-        tensors = {}
-        with safe_open(src, "pt") as f:
-            for key in f.keys():
-                t = f.get_tensor(key)
-                if key in saved:
+    with contextlib.ExitStack() as stack:
+        ckpt = {f: stack.enter_context(safe_open(os.path.join(path, f), "pt")) for f in man["files"]}  # opened once
+        for fname in sorted(os.listdir(base)):
+            src = os.path.join(base, fname)
+            if not fname.endswith(".safetensors"):
+                if os.path.isfile(src):
+                    shutil.copy2(src, os.path.join(tmp, fname))
+                continue
+            tensors = {}
+            with safe_open(src, "pt") as f:
+                for key in f.keys():
+                    if key not in saved:  # untouched by ES: as the base has it
+                        tensors[key] = f.get_tensor(key).contiguous()
+                        continue
                     used.add(key)
-                    full = torch.full(t.shape, float("nan"), dtype=torch.float32)
+                    gshape_base = tuple(f.get_slice(key).get_shape())  # the base's values are not needed
+                    full = torch.full(gshape_base, float("nan"), dtype=torch.float32)
                     for cfile, ckey, gshape, off, shape in saved[key]:
-                        if gshape != tuple(t.shape):
-                            raise CheckpointError(f"{path}: {key} saved with global shape {gshape}, base has {tuple(t.shape)}")
-                        with safe_open(os.path.join(path, cfile), "pt") as c:
-                            full[tuple(slice(o, o + n) for o, n in zip(off, shape))] = c.get_tensor(ckey).float()
+                        if gshape != gshape_base:
+                            raise CheckpointError(f"{path}: {key} saved with global shape {gshape}, base has "
+                                                  f"{gshape_base}")
+                        full[tuple(slice(o, o + n) for o, n in zip(off, shape))] = ckpt[cfile].get_tensor(ckey).float()
                     if torch.isnan(full).any():
                         raise CheckpointError(f"{path}: the saved boxes of {key} do not cover it")
-                    t = full.to(dtype)  # ES tensors in the served dtype; the others as the base has them
-                tensors[key] = t.contiguous()
-        save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
+                    tensors[key] = full.to(dtype).contiguous()  # ES tensors in the served dtype
+            save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
+            total += sum(t.numel() * t.element_size() for t in tensors.values())
     missing = sorted(set(saved) - used)
     if missing:
         raise CheckpointError(f"{path}: tensors {missing[:3]} are not in the base model {base}")

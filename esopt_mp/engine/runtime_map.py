@@ -20,7 +20,6 @@ that shifts or scales values by the probe's second encoding (vllm_worker).
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import itertools
 import math
 import re
@@ -29,6 +28,7 @@ import torch
 
 from esopt_mp.es.noise import ShardInfo
 from esopt_mp.es.perturber import LocalShard
+from esopt_mp.models.loading import selected
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -45,6 +45,10 @@ class Piece:
     start: int
     stop: int
     info: ShardInfo
+
+    def view(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """This piece of its runtime tensor (in ``tensors``), shaped as its box: a view, no copy."""
+        return tensors[self.param].view(-1)[self.start : self.stop].view(self.info.local_shape)
 
     def to_json(self) -> dict:
         i = self.info
@@ -166,27 +170,23 @@ def check_disjoint(pieces: list[Piece]) -> None:
 
 
 def select(pieces: list[Piece], include=("*",), exclude=()) -> list[Piece]:
-    """The pieces ES perturbs: es.include / es.exclude globs on the checkpoint name."""
-    return [p for p in pieces if any(fnmatch.fnmatchcase(p.info.name, g) for g in include)
-            and not any(fnmatch.fnmatchcase(p.info.name, g) for g in exclude)]
+    """The pieces ES perturbs: es.include / es.exclude as the hf engine applies them (models.loading.selected)."""
+    return [p for p in pieces if selected(p.info.name, include, exclude)]
 
 
 def local_shards(pieces: list[Piece], tensors: dict[str, torch.Tensor]) -> list[LocalShard]:
     """Views of the runtime tensors, one per piece, shaped as its box: what the Perturber works on in place."""
-    out = []
     for p in pieces:
-        t = tensors[p.param]
-        if not t.is_contiguous():
+        if not tensors[p.param].is_contiguous():
             raise MappingError(f"runtime tensor {p.param} is not contiguous")
-        out.append(LocalShard(t.view(-1)[p.start : p.stop].view(p.info.local_shape), p.info))
-    return out
+    return [LocalShard(p.view(tensors), p.info) for p in pieces]
 
 
 def gather_pieces(pieces: list[Piece], tensors: dict[str, torch.Tensor]) -> dict[str, list[tuple[ShardInfo, torch.Tensor]]]:
     """Checkpoint name -> [(box, values)] read from runtime tensors (for checkpoint-format reloads and exports)."""
     out: dict[str, list] = {}
     for p in pieces:
-        out.setdefault(p.info.name, []).append((p.info, tensors[p.param].view(-1)[p.start : p.stop].view(p.info.local_shape)))
+        out.setdefault(p.info.name, []).append((p.info, p.view(tensors)))
     return out
 
 

@@ -31,7 +31,9 @@ import logging
 import os
 import time
 
-from esopt_mp.engine.hf import EngineStats, Generation, reply_text
+import torch
+
+from esopt_mp.engine.hf import EngineStats, Generation, eos_ids, reply_text
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +79,6 @@ def check_vllm_request(model_path_or_config, tp: int, dtype: str = "bfloat16") -
         n = text.get(key)
         if n and n % tp:
             raise ValueError(f"parallel.tp={tp} does not divide the model's {key}={n} (engine=vllm)")
-    import torch
-
     hd = text.get("head_dim") or (text.get("hidden_size", 0) // max(1, text.get("num_attention_heads", 1)))
     if not torch.cuda.is_available():
         if hd not in CPU_HEAD_DIMS:
@@ -110,13 +110,14 @@ def preflight(cfg) -> None:
     if path:
         check_vllm_request(path, cfg.parallel.tp, cfg.model.dtype)
         return
-    t = cfg.model.tiny  # built at run time: judge it by what it will be (models.paths.resolve_model_dir)
-    arch = {"qwen3_5": "Qwen3_5ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[t.arch]
-    linear = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=t.head_dim,
-                  linear_value_head_dim=t.head_dim) if t.arch == "qwen3_5" else {}
-    check_vllm_request({"architectures": [arch], "num_attention_heads": 4, "num_key_value_heads": 2,
-                        "head_dim": t.head_dim, "intermediate_size": t.intermediate_size, **linear},
-                       cfg.parallel.tp, cfg.model.dtype)
+    from esopt_mp.models.paths import tiny_sizes  # built at run time: judge the config it will be built with
+    from esopt_mp.models.tiny import tiny_config
+
+    sizes = tiny_sizes(cfg.model.tiny)
+    arch = sizes.pop("arch")
+    tiny = tiny_config(arch, vocab_size=cfg.model.tiny.vocab_size, **sizes).to_dict()
+    tiny["architectures"] = [{"qwen3_5": "Qwen3_5ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]]
+    check_vllm_request(tiny, cfg.parallel.tp, cfg.model.dtype)
 
 
 def _turn_seed(seed: int, turn: int) -> int:
@@ -136,8 +137,6 @@ class VLLMEngine:
     """
 
     def __init__(self, llm, tokenizer, weights=None):
-        from esopt_mp.engine.hf import eos_ids
-
         _, self._SamplingParams = import_vllm()
         self.llm, self.tokenizer, self.weights = llm, tokenizer, weights
         self.eos = eos_ids(tokenizer)
@@ -251,22 +250,19 @@ class VLLMWeights:
 
 def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int):
     """(VLLMEngine, VLLMWeights, setup summary) for this rank: checks first, then one engine per dp group."""
-    check_vllm_request(model_path, dims.tp)
+    config = check_vllm_request(model_path, dims.tp, dtype)
     LLM, _ = import_vllm()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker lives in this process: rpc returns objects
     kw = {}
     if dims.distributed:  # our dp groups are vLLM's "external DP": each generates on its own (vLLM's own DP would
         kw.update(distributed_executor_backend="external_launcher")  # run the groups in lockstep: a deadlock here)
-    import torch
-
     kv_gib = engine_cfg.kv_cache_gib or (0 if torch.cuda.is_available() else 1.0)
     if kv_gib:
         kw["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
     else:
         kw["gpu_memory_utilization"] = engine_cfg.gpu_memory_utilization
-    with open(os.path.join(model_path, "config.json")) as f:
-        if any(a.endswith("ForConditionalGeneration") for a in json.load(f).get("architectures") or []):
-            kw["language_model_only"] = True  # a VLM checkpoint (the released Qwen3.5): the agent reads text only
+    if any(a.endswith("ForConditionalGeneration") for a in config.get("architectures") or []):
+        kw["language_model_only"] = True  # a VLM checkpoint (the released Qwen3.5): the agent reads text only
     t0 = time.perf_counter()
     llm = LLM(model=model_path, tokenizer=model_path, dtype=dtype, tensor_parallel_size=dims.tp,
               enforce_eager=engine_cfg.enforce_eager, enable_prefix_caching=False,

@@ -35,20 +35,19 @@ log = logging.getLogger(__name__)
 PROBE_PREFIX = "esopt_probe"
 
 
-def checkpoint_shapes(path: str) -> dict[str, tuple]:
-    """Checkpoint key -> shape, from the safetensors headers (no data read)."""
+def checkpoint_index(path: str) -> dict[str, tuple[str, tuple]]:
+    """Checkpoint key -> (safetensors file, shape), from the file headers (no data read)."""
     from safetensors import safe_open
 
-    from esopt_mp.models.names import checkpoint_keys
-
-    keys = checkpoint_keys(path)
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} holds no *.safetensors file (canonical names are its keys)")
     out = {}
     for name in files:
         with safe_open(os.path.join(path, name), "pt") as f:
             for k in f.keys():
-                out[k] = tuple(f.get_slice(k).get_shape())
-    return {k: out[k] for k in keys if k in out}
+                out[k] = (name, tuple(f.get_slice(k).get_shape()))
+    return out
 
 
 def probe_runtime_map(vllm_config, shapes: dict[str, tuple]) -> tuple[list[Piece], dict[str, tuple]]:
@@ -86,11 +85,7 @@ def probe_runtime_map(vllm_config, shapes: dict[str, tuple]) -> tuple[list[Piece
             raise MappingError(f"runtime tensors {bad[:3]} are not plain copies of checkpoint elements (the loader "
                                f"transforms values): no canonical mapping")
         pieces.extend(found[0])
-    strip = PROBE_PREFIX + "."
-    pieces = [Piece(p.param[len(strip):] if p.param.startswith(strip) else p.param, p.start, p.stop, p.info)
-              for p in pieces]
-    runtime_shapes = {(n[len(strip):] if n.startswith(strip) else n): s for n, s in runtime_shapes.items()}
-    return pieces, runtime_shapes
+    return pieces, runtime_shapes  # the prefix names the twin's layers only, not its parameters
 
 
 def _probe_group(twin, names, keys, shapes, stride: int) -> list[Piece]:
@@ -124,25 +119,21 @@ def _probe_group(twin, names, keys, shapes, stride: int) -> list[Piece]:
             twin.get_submodule(mod_name)._parameters[attr] = old
 
 
-def runtime_from_checkpoint(path: str, pieces: list[Piece], shapes: dict[str, tuple],
-                            dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
-    """Runtime tensors built from the checkpoint through the mapping (padding zero): reading only each box."""
+def runtime_from_checkpoint(path: str, index: dict[str, tuple[str, tuple]], pieces: list[Piece],
+                            shapes: dict[str, tuple], dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
+    """Runtime tensors built from the checkpoint through the mapping (padding zero): reading only each box.
+
+    ``index``: :func:`checkpoint_index` of ``path``; ``shapes`` / ``dtypes``: per runtime tensor."""
     from safetensors import safe_open
 
-    where = {}
-    for f in sorted(x for x in os.listdir(path) if x.endswith(".safetensors")):
-        with safe_open(os.path.join(path, f), "pt") as h:
-            for k in h.keys():
-                where[k] = f
     out = {n: torch.zeros(s, dtype=dtypes[n]) for n, s in shapes.items()}
     by_file: dict[str, list[Piece]] = {}
     for p in pieces:
-        by_file.setdefault(where[p.info.name], []).append(p)
+        by_file.setdefault(index[p.info.name][0], []).append(p)
     for f, ps in by_file.items():
         with safe_open(os.path.join(path, f), "pt") as h:
             for p in ps:
-                box = h.get_slice(p.info.name)[box_slices(p.info)]
-                out[p.param].view(-1)[p.start : p.stop].copy_(box.reshape(-1))
+                p.view(out).copy_(h.get_slice(p.info.name)[box_slices(p.info)])
     return out
 
 
@@ -181,7 +172,8 @@ class ESWorkerExtension:
     def esopt_setup(self, spec: dict) -> dict:
         """Map the runtime tensors, choose the sync mode, build the Perturber. Returns a summary."""
         path = spec["model_path"]
-        shapes = checkpoint_shapes(path)
+        index = checkpoint_index(path)
+        shapes = {k: shape for k, (_, shape) in index.items()}
         pieces, runtime_shapes = probe_runtime_map(self.vllm_config, shapes)
         live = dict(self.model_runner.model.named_parameters())
         missing = sorted(set(runtime_shapes) - set(live))
@@ -210,7 +202,7 @@ class ESWorkerExtension:
                 if live[n].dtype != dtype:
                     mirrors[n] = tensors[n] = live[n].data.to(dtype)
         else:
-            tensors = runtime_from_checkpoint(path, pieces, runtime_shapes, {n: dtype for n in runtime_shapes})
+            tensors = runtime_from_checkpoint(path, index, pieces, runtime_shapes, {n: dtype for n in runtime_shapes})
         chosen = select(pieces, spec.get("include", ("*",)), spec.get("exclude", ()))
         if not chosen:
             raise ValueError("es.include / es.exclude select no tensor of the vLLM model")

@@ -83,7 +83,8 @@ def load_model(path: str, dims: ParallelDims, dtype: str = "float32"):
     return model
 
 
-def _selected(name: str, include, exclude) -> bool:
+def selected(name: str, include=("*",), exclude=()) -> bool:
+    """es.include / es.exclude: glob patterns on the canonical (checkpoint) name."""
     return any(fnmatch.fnmatchcase(name, p) for p in include) and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
 
 
@@ -124,7 +125,7 @@ def build_shards(model: torch.nn.Module, include=("*",), exclude=(), names=None)
     shards = []
     for module_name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         name = names[module_name]
-        if not _selected(name, include, exclude):
+        if not selected(name, include, exclude):
             continue
         d = _as_dtensor(p)
         if d is None:

@@ -6,6 +6,15 @@ import os
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 
 
+def tiny_sizes(t) -> dict:
+    """The builder arguments of the tiny model ``model.tiny`` describes (arch included, vocab and seed not)."""
+    sizes = dict(hidden_size=t.hidden_size, num_hidden_layers=t.num_hidden_layers,
+                 intermediate_size=t.intermediate_size, arch=t.arch, head_dim=t.head_dim)
+    if t.arch == "qwen3_5":
+        sizes.update(linear_key_head_dim=t.head_dim, linear_value_head_dim=t.head_dim)
+    return sizes
+
+
 def resolve_model_dir(model_cfg, run_dir: str, dims, agent: bool) -> str:
     """The HF directory every trainer loads (ES and the GRPO/PPO baselines resolve it the same way).
 
@@ -23,10 +32,7 @@ def resolve_model_dir(model_cfg, run_dir: str, dims, agent: bool) -> str:
     path = os.path.join(run_dir, "base_model")
     if dims.rank == 0:
         t = model_cfg.tiny
-        sizes = dict(hidden_size=t.hidden_size, num_hidden_layers=t.num_hidden_layers,
-                     intermediate_size=t.intermediate_size, arch=t.arch, head_dim=t.head_dim)
-        if t.arch == "qwen3_5":
-            sizes.update(linear_key_head_dim=t.head_dim, linear_value_head_dim=t.head_dim)
+        sizes = tiny_sizes(t)
         if agent:
             from esopt_mp.models.tiny import build_tiny_agent_base
 

@@ -50,6 +50,14 @@ def tiny_qwen35_vlm_config(tie_word_embeddings: bool = False, **text):
                          vision_end_token_id=v - 1)
 
 
+def tiny_config(arch: str = "qwen3_5", **config):
+    """The transformers config of a tiny model of ``arch`` (what :func:`build_tiny_qwen35` writes)."""
+    builders = {"qwen3_5": tiny_qwen35_config, "qwen3": tiny_qwen3_config, "qwen3_5_vlm": tiny_qwen35_vlm_config}
+    if arch not in builders:
+        raise ValueError(f"unknown tiny architecture {arch!r}; known: {sorted(builders)}")
+    return builders[arch](**config)
+
+
 def build_tiny_qwen35(path: str, seed: int = 0, arch: str = "qwen3_5", **config) -> str:
     """Write a randomly initialised tiny model to ``path`` (idempotent).
 
@@ -61,16 +69,14 @@ def build_tiny_qwen35(path: str, seed: int = 0, arch: str = "qwen3_5", **config)
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
-    builders = {"qwen3_5": tiny_qwen35_config, "qwen3": tiny_qwen3_config, "qwen3_5_vlm": tiny_qwen35_vlm_config}
-    if arch not in builders:
-        raise ValueError(f"unknown tiny architecture {arch!r}; known: {sorted(builders)}")
+    cfg = tiny_config(arch, **config)
     torch.manual_seed(seed)
     if arch == "qwen3_5_vlm":
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
 
-        model = Qwen3_5ForConditionalGeneration(builders[arch](**config)).float()
+        model = Qwen3_5ForConditionalGeneration(cfg).float()
     else:
-        model = AutoModelForCausalLM.from_config(builders[arch](**config), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     tmp = f"{path}.tmp{os.getpid()}"
     model.save_pretrained(tmp)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -65,7 +65,7 @@ def _compare(pieces, runtime, canon) -> int:
 
     bad = 0
     for p in pieces:
-        got = runtime[p.param].view(-1)[p.start : p.stop]
+        got = p.view(runtime).reshape(-1)
         want = canon[p.info.name][box_slices(p.info)].reshape(-1)
         if got.dtype != want.dtype:
             _compare.dtype_differs.add(p.info.name)

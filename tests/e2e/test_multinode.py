@@ -150,10 +150,11 @@ def test_mpirun_nodes_with_different_environments_agree(tmp_path):
         'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then export MASTER_ADDR=127.0.0.1 MASTER_PORT=23456; fi\n'
         "export OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1\n"
         f'exec {sys.executable} -c "from esopt_mp.parallel import discover; le = discover(); '
-        'print(\'RDZV\', le.rank, le.local_world_size, le.master_addr, le.master_port, flush=True)"\n')
+        'open(f\'rdzv{le.rank}.txt\', \'w\').write(\' \'.join(map(str, (le.rank, le.local_world_size, '
+        'le.master_addr, le.master_port))))"\n')  # one file per rank: mpirun interleaves the ranks' stdout
     env = dict(ENV, PYTHONPATH=ROOT)
     proc = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "sh", str(script)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    got = sorted(l.split()[1:] for l in proc.stdout.splitlines() if l.startswith("RDZV"))
+    got = sorted((tmp_path / f"rdzv{r}.txt").read_text().split() for r in range(2))
     assert got == [["0", "1", "127.0.0.1", "23456"], ["1", "1", "127.0.0.1", "23456"]]

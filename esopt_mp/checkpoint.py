@@ -1,50 +1,62 @@
-"""Sharded safetensors checkpoints with integrity manifests, elastic load, pruning; exact resume.
+"""Sharded, elastic checkpoints with torch.distributed.checkpoint (DCP); asynchronous save; exact resume.
 
 The ledger (:mod:`esopt_mp.ledger`) is the run's ground truth: base weights +
 ledger = the run's weights. Checkpoints only shorten the replay.
-``ckpt/step_<N>/tp<r>.safetensors`` holds tp rank r's local shards under their
-canonical names (the fp32 master when ``master=fp32_host``), each with its
-global shape and offset in the metadata. Every file is fsynced; rank 0 then
-writes ``manifest.json`` (size and SHA-256 of every file) last, fsyncs the
-directory and renames ``step_<N>.tmp`` to ``step_<N>``. A checkpoint counts only
-with a manifest whose files match it, so a crash at any point of a save, or a
-later truncation, falls back to the previous complete checkpoint (or to base +
-full replay). Loading is elastic: each rank assembles its own box from the
-intersecting saved boxes, whatever tp layout wrote them.
+``ckpt/step_<N>/`` is a DCP checkpoint of the ES state (the fp32 master when
+``master=fp32_host``), one global tensor per canonical name, written by the tp
+ranks of dp group 0, each its own boxes (:mod:`esopt_mp.dcp_boxes`). Because
+the noise is a function of (seed, canonical name, global index), a run saved
+at one dp x tp continues exactly at another: DCP reads any saved chunking into
+the new mesh's boxes.
+
+Saving is asynchronous (:class:`Checkpointer`): the step's thread copies the
+state to host memory and goes on; a background thread writes the files
+(fsynced) and their SHA-256. The next save, the end of the run or a stop
+waits for it; then rank 0 writes ``manifest.json`` (size and SHA-256 of every
+file, the config hash and identity) last, fsyncs and renames
+``step_<N>.tmp`` to ``step_<N>``. A checkpoint counts only with a manifest
+whose files match it, so a kill at any point of a save, or a later
+truncation, falls back to the previous complete checkpoint (or to base + full
+replay).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-import itertools
+import glob
 import json
 import logging
 import math
 import os
 import shutil
+import warnings
 
 import torch
 
-from esopt_mp.identity import file_sha256
+from esopt_mp.dcp_boxes import box_state_dict, check_coverage
+from esopt_mp.identity import diff_identity, file_sha256
 from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
-FORMAT = 1
-__all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "save_checkpoint",
-           "checkpoint_steps", "load_checkpoint_", "prune_checkpoints", "replay_", "restore_run_"]
+DCP_METADATA = ".metadata"
+FORMAT = 2  # 1: per-tp-rank safetensors files (esopt_mp before DCP); such checkpoints are skipped, the ledger replays
+# DCP warns on every single-process save/load that it assumes one process: that is the intent here (one writer)
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+__all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "CheckpointMismatch", "Checkpointer",
+           "save_checkpoint", "checkpoint_steps", "load_checkpoint_", "read_checkpoint", "prune_checkpoints", "replay_", "restore_run_"]
 
 
 class CheckpointError(ValueError):
     """A checkpoint is incomplete, corrupt, or does not cover this rank's shards."""
 
 
+class CheckpointMismatch(ValueError):
+    """A complete checkpoint of another configuration (model, ES settings): never loaded, never skipped silently."""
+
+
 def _ckpt_root(run_dir: str) -> str:
     return os.path.join(run_dir, "ckpt")
-
-
-def _fsync_file(path: str) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
 
 
 def _write_json(path: str, obj) -> None:
@@ -54,35 +66,42 @@ def _write_json(path: str, obj) -> None:
         os.fsync(f.fileno())
 
 
-def write_rank_file(tmp: str, tp_rank: int, perturber) -> None:
-    """This tp rank's shards -> ``tmp/tp<r>.safetensors`` (fsynced) and a sidecar with its size and SHA-256."""
-    from safetensors.torch import save_file
+def write_shards(tmp: str, shards, staged: list[torch.Tensor], group, writer: int) -> None:
+    """DCP save of this rank's boxes into ``tmp`` (fsynced), then a sidecar with its files' sizes and SHA-256.
 
-    tensors, meta = {}, {}
-    for shard, state in zip(perturber.shards, perturber.state_tensors()):
-        info = shard.info  # several boxes of one tensor (a fused vLLM runtime tensor) get keys name@offset
-        key = info.name if info.name not in tensors else f"{info.name}@{','.join(map(str, info.offset))}"
-        tensors[key] = state.detach().to("cpu").contiguous()
-        meta[key] = json.dumps({"name": info.name, "global_shape": info.global_shape, "offset": info.offset})
-    name = f"tp{tp_rank}.safetensors"
-    path = os.path.join(tmp, name)
-    save_file(tensors, path, metadata=meta)
-    _fsync_file(path)
-    _write_json(os.path.join(tmp, f"tp{tp_rank}.sum.json"),
-                {"file": name, "bytes": os.path.getsize(path), "sha256": file_sha256(path)})
+    ``group``: the writers' gloo group (None: this rank is the only writer).
+    Runs in the checkpointer's thread; ``staged`` must not change meanwhile.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(box_state_dict(shards, staged), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
+             process_group=group, no_dist=group is None)
+    mine = sorted(os.path.basename(p) for p in glob.glob(os.path.join(tmp, f"__{writer}_*")))
+    _write_json(os.path.join(tmp, f"rank{writer}.sum.json"),
+                {f: {"bytes": os.path.getsize(os.path.join(tmp, f)), "sha256": file_sha256(os.path.join(tmp, f))}
+                 for f in mine})
 
 
-def finalize(tmp: str, final: str, step: int, tp: int) -> None:
-    """Rank 0, after every rank wrote: manifest last, fsync, rename, fsync the parent."""
+def finalize(tmp: str, final: str, step: int, layout: dict, writers: int, identity: dict | None = None) -> None:
+    """Rank 0, after every writer finished: check the files against DCP's metadata, manifest last, fsync, rename."""
+    import torch.distributed.checkpoint as dcp
+
     files = {}
-    for r in range(tp):
-        side = os.path.join(tmp, f"tp{r}.sum.json")
+    for r in range(writers):
+        side = os.path.join(tmp, f"rank{r}.sum.json")
         with open(side) as f:
-            s = json.load(f)
-        files[s["file"]] = {"bytes": s["bytes"], "sha256": s["sha256"]}
-    _write_json(os.path.join(tmp, MANIFEST), {"format": FORMAT, "step": step, "tp": tp, "files": files})
-    for r in range(tp):
-        os.remove(os.path.join(tmp, f"tp{r}.sum.json"))
+            files.update(json.load(f))
+    meta = os.path.join(tmp, DCP_METADATA)
+    files[DCP_METADATA] = {"bytes": os.path.getsize(meta), "sha256": file_sha256(meta)}
+    wanted = {s.relative_path for s in dcp.FileSystemReader(tmp).read_metadata().storage_data.values()}
+    if wanted - set(files):
+        raise CheckpointError(f"{tmp}: DCP metadata names files no writer reported: {sorted(wanted - set(files))}")
+    man = {"format": FORMAT, "step": step, "layout": layout, "files": files}
+    if identity:
+        man.update(config_hash=identity["hash"], identity=identity["fields"])
+    _write_json(os.path.join(tmp, MANIFEST), man)
+    for r in range(writers):
+        os.remove(os.path.join(tmp, f"rank{r}.sum.json"))
     fsync_dir(tmp)
     if os.path.exists(final):  # a re-save of this step: move the old one aside, drop it after the rename
         shutil.rmtree(final + ".old", ignore_errors=True)
@@ -92,24 +111,87 @@ def finalize(tmp: str, final: str, step: int, tp: int) -> None:
     shutil.rmtree(final + ".old", ignore_errors=True)
 
 
-def save_checkpoint(run_dir: str, step: int, perturber, dims, keep: int = 0) -> str:
-    """Every rank of dp group 0 writes its shard; rank 0 finalizes, then keeps the newest ``keep`` (0: all)."""
-    root = _ckpt_root(run_dir)
-    final = os.path.join(root, f"step_{step:06d}")
-    tmp = final + ".tmp"
-    if dims.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp, exist_ok=True)
-        fsync_dir(root)
-    dims.comm.barrier()
-    if dims.dp_rank == 0:
-        write_rank_file(tmp, dims.tp_rank, perturber)
-    dims.comm.barrier()
-    if dims.rank == 0:
-        finalize(tmp, final, step, dims.tp)
-        prune_checkpoints(run_dir, keep, step)
-    dims.comm.barrier()
-    return final
+class Checkpointer:
+    """Saves of one run: stage on the caller's thread, write in the background, finalize on :meth:`wait`.
+
+    Every rank calls :meth:`save` and :meth:`wait` at the same points (they
+    hold barriers). Only dp group 0's tp ranks write. With ``async_save`` the
+    host copy of the local state (one extra copy, freed when written) is what
+    the step pays; the write overlaps the next steps. ``identity`` ({"hash",
+    "fields"}) goes into the manifest so that a checkpoint of another
+    configuration is refused by name.
+    """
+
+    def __init__(self, run_dir: str, dims, keep: int = 0, async_save: bool = True, identity: dict | None = None):
+        self.run_dir, self.dims, self.keep, self.async_save, self.identity = run_dir, dims, keep, async_save, identity
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esopt-ckpt") if async_save else None
+        self._pending = None  # (step, tmp, final, future or None)
+
+    def save(self, step: int, perturber) -> str:
+        """Start saving the current state as step ``step`` (waits for the previous save first); returns its path."""
+        self.wait()
+        dims = self.dims
+        root = _ckpt_root(self.run_dir)
+        final = os.path.join(root, f"step_{step:06d}")
+        tmp = final + ".tmp"
+        group = dims.checkpoint_group()  # collective on first use: before any rank may skip
+        if dims.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp, exist_ok=True)
+            fsync_dir(root)
+        dims.comm.barrier()
+        future = None
+        if dims.dp_rank == 0:
+            states = perturber.state_tensors()
+            staged = [s.detach().to("cpu", copy=self.async_save) for s in states]  # the step may go on
+            args = (tmp, perturber.shards, staged, group, dims.tp_rank)
+            if self._pool is not None:
+                future = self._pool.submit(write_shards, *args)
+            else:
+                future = concurrent.futures.Future()
+                try:
+                    future.set_result(write_shards(*args))
+                except Exception as e:  # reported in wait(), agreed on by every rank
+                    future.set_exception(e)
+        self._pending = (step, tmp, final, future)
+        return final
+
+    def wait(self) -> str | None:
+        """Finish the pending save on every rank: agree that all writers succeeded, finalize, prune. Its path."""
+        if self._pending is None:
+            return None
+        step, tmp, final, future = self._pending
+        self._pending = None
+        err = None
+        if future is not None:
+            try:
+                future.result()
+            except Exception as e:
+                err = e
+                log.error("rank %d: writing the checkpoint of step %d failed: %s", self.dims.rank, step, e)
+        if self.dims.comm.any(err is not None):
+            if self.dims.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"the checkpoint of step {step} was not written ({err or 'on another rank'}); "
+                                  "the ledger holds every step, a rerun resumes from an older checkpoint")
+        if self.dims.rank == 0:
+            finalize(tmp, final, step, {"dp": self.dims.dp, "tp": self.dims.tp}, self.dims.tp, self.identity)
+            prune_checkpoints(self.run_dir, self.keep, step)
+        self.dims.comm.barrier()
+        return final
+
+    def close(self) -> None:
+        """Drop a pending save without finalizing (error paths: no collective). Its files stay a ``.tmp`` leftover."""
+        self._pending = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def save_checkpoint(run_dir: str, step: int, perturber, dims, keep: int = 0, identity: dict | None = None) -> str:
+    """Synchronous save: every rank of dp group 0 writes its boxes; rank 0 finalizes, then keeps the newest ``keep``."""
+    ck = Checkpointer(run_dir, dims, keep, async_save=False, identity=identity)
+    ck.save(step, perturber)
+    return ck.wait()
 
 
 def _dirs(run_dir: str) -> list[tuple[int, str, bool]]:
@@ -124,29 +206,35 @@ def _dirs(run_dir: str) -> list[tuple[int, str, bool]]:
 
 
 def check_checkpoint(path: str, files: list[str] | None = None, digest: bool = False) -> dict:
-    """The manifest of ``path`` after checking ``files`` (default all): sizes and headers, SHA-256 if ``digest``."""
-    from safetensors import safe_open
-
+    """The manifest of ``path`` after checking ``files`` (default all): present, sizes, SHA-256 if ``digest``."""
     try:
         with open(os.path.join(path, MANIFEST)) as f:
             man = json.load(f)
         entries = man["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: no valid {MANIFEST} ({e}); the save did not complete") from None
+    if man.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {man.get('format')} (this esopt_mp reads {FORMAT}: "
+                              "torch.distributed.checkpoint); the ledger replays the steps instead")
     for name in entries if files is None else files:
         p, want = os.path.join(path, name), entries.get(name)
         if want is None or not os.path.isfile(p):
             raise CheckpointError(f"{path}: {name} is missing")
         if os.path.getsize(p) != want["bytes"]:
             raise CheckpointError(f"{path}: {name} has {os.path.getsize(p)} bytes, the manifest says {want['bytes']}")
-        try:
-            with safe_open(p, "pt") as f:
-                f.metadata()
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{path}: {name} has an unreadable header ({e})") from None
         if digest and file_sha256(p) != want["sha256"]:
             raise CheckpointError(f"{path}: {name} does not match its SHA-256 in the manifest")
     return man
+
+
+def _metadata(path: str):
+    """DCP's metadata of a checked checkpoint (unreadable: CheckpointError)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        return dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:  # a pickle or storage error of any type
+        raise CheckpointError(f"{path}: unreadable {DCP_METADATA} ({type(e).__name__}: {e})") from None
 
 
 def checkpoint_steps(run_dir: str, max_step: int | None = None) -> list[tuple[int, str]]:
@@ -186,66 +274,49 @@ def prune_checkpoints(run_dir: str, keep: int, newest: int) -> list[str]:
     return removed
 
 
-def saved_boxes(path: str, man: dict) -> dict[str, list[tuple[str, str, tuple, tuple, tuple]]]:
-    """Canonical name -> [(file, key in it, global shape, offset, shape)] of every box a checkpoint holds."""
-    from safetensors import safe_open
-
-    saved: dict[str, list] = {}
-    for fname in sorted(man["files"]):
-        with safe_open(os.path.join(path, fname), "pt") as f:
-            meta = f.metadata() or {}
-            for key in f.keys():
-                info = json.loads(meta[key])
-                shape = tuple(f.get_slice(key).get_shape())
-                saved.setdefault(info.get("name", key), []).append(
-                    (fname, key, tuple(info["global_shape"]), tuple(info["offset"]), shape))
-    return saved
-
-
 def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) -> str:
-    """A checkpoint (any layout, any engine) + its base model directory -> a plain HF directory.
+    """A checkpoint (any layout, any engine) + its base model directory -> a plain HF directory (safetensors).
 
     The base directory's files, keys and layout, with every tensor the
-    checkpoint holds assembled from its boxes (one tensor at a time, cast to
+    checkpoint holds read whole through DCP (one base file at a time, cast to
     ``dtype``); tensors ES did not touch are copied from the base. This is how
     the vllm engine exports: canonical tensors, never vLLM's fused names.
     """
+    import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    man = check_checkpoint(path, digest=True)
-    saved = saved_boxes(path, man)
+    check_checkpoint(path, digest=True)
+    saved = _metadata(path).state_dict_metadata
     tmp = out_dir + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     used, total = set(), 0
-    with contextlib.ExitStack() as stack:
-        ckpt = {f: stack.enter_context(safe_open(os.path.join(path, f), "pt")) for f in man["files"]}  # opened once
-        for fname in sorted(os.listdir(base)):
-            src = os.path.join(base, fname)
-            if not fname.endswith(".safetensors"):
-                if os.path.isfile(src):
-                    shutil.copy2(src, os.path.join(tmp, fname))
-                continue
-            tensors = {}
-            with safe_open(src, "pt") as f:
-                for key in f.keys():
-                    if key not in saved:  # untouched by ES: as the base has it
-                        tensors[key] = f.get_tensor(key).contiguous()
-                        continue
-                    used.add(key)
-                    gshape_base = tuple(f.get_slice(key).get_shape())  # the base's values are not needed
-                    full = torch.full(gshape_base, float("nan"), dtype=torch.float32)
-                    for cfile, ckey, gshape, off, shape in saved[key]:
-                        if gshape != gshape_base:
-                            raise CheckpointError(f"{path}: {key} saved with global shape {gshape}, base has "
-                                                  f"{gshape_base}")
-                        full[tuple(slice(o, o + n) for o, n in zip(off, shape))] = ckpt[cfile].get_tensor(ckey).float()
-                    if torch.isnan(full).any():
-                        raise CheckpointError(f"{path}: the saved boxes of {key} do not cover it")
-                    tensors[key] = full.to(dtype).contiguous()  # ES tensors in the served dtype
-            save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
-            total += sum(t.numel() * t.element_size() for t in tensors.values())
+    for fname in sorted(os.listdir(base)):
+        src = os.path.join(base, fname)
+        if not fname.endswith(".safetensors"):
+            if os.path.isfile(src):
+                shutil.copy2(src, os.path.join(tmp, fname))
+            continue
+        tensors, trained = {}, {}
+        with safe_open(src, "pt") as f:
+            for key in f.keys():
+                if key not in saved:  # untouched by ES: as the base has it
+                    tensors[key] = f.get_tensor(key).contiguous()
+                    continue
+                shape = tuple(f.get_slice(key).get_shape())  # the base's values are not needed
+                md = saved[key]
+                if tuple(md.size) != shape:
+                    raise CheckpointError(f"{path}: {key} saved with global shape {tuple(md.size)}, base has {shape}")
+                if sum(math.prod(c.sizes) for c in md.chunks) != math.prod(shape):
+                    raise CheckpointError(f"{path}: the saved chunks of {key} do not cover it")
+                trained[key] = torch.empty(shape, dtype=md.properties.dtype)
+        if trained:
+            dcp.load(trained, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+            tensors.update({k: v.to(dtype).contiguous() for k, v in trained.items()})  # ES tensors, served dtype
+            used |= set(trained)
+        save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
     missing = sorted(set(saved) - used)
     if missing:
         raise CheckpointError(f"{path}: tensors {missing[:3]} are not in the base model {base}")
@@ -261,60 +332,47 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
     return out_dir
 
 
-def _plan(path: str, man: dict, perturber) -> dict[str, list[tuple[int, str, tuple, tuple]]]:
-    """Per saved file, the pieces this rank needs: (shard index, name, saved-relative box, target-relative box)."""
-    from safetensors import safe_open
+def read_checkpoint(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a checked checkpoint, whole, as saved (for tools and tests; a 27B one needs the host memory)."""
+    import torch.distributed.checkpoint as dcp
 
-    saved = saved_boxes(path, man)
-    plan: dict[str, list] = {}
-    for k, shard in enumerate(perturber.shards):
-        info = shard.info
-        boxes = {}
-        for fname, key, gshape, off, shape in saved.get(info.name, []):
-            if gshape != info.global_shape:
-                raise CheckpointError(f"{path}: {info.name} was saved with global shape {gshape}, the model has "
-                                      f"{info.global_shape}")
-            boxes.setdefault((off, shape), (fname, key))  # a replicated tensor is in every tp file: read it once
-        if not boxes:
-            raise CheckpointError(f"{path}: no tensor {info.name} (saved with other es.include/es.exclude?)")
-        pieces, covered = [], 0
-        for (off, shape), (fname, key) in boxes.items():
-            lo = [max(o, t) for o, t in zip(off, info.offset)]
-            hi = [min(o + n, t + m) for o, n, t, m in zip(off, shape, info.offset, info.local_shape)]
-            if any(a >= b for a, b in zip(lo, hi)) and info.numel:
-                continue
-            pieces.append(((fname, key), tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, off)),
-                           tuple(slice(a - t, b - t) for a, b, t in zip(lo, hi, info.offset)), lo, hi))
-            covered += math.prod(b - a for a, b in zip(lo, hi))
-        for p, q in itertools.combinations(pieces, 2):
-            if all(max(a1, a2) < min(b1, b2) for a1, b1, a2, b2 in zip(p[3], p[4], q[3], q[4])):
-                raise CheckpointError(f"{path}: saved boxes of {info.name} overlap without being equal")
-        if covered != info.numel:
-            raise CheckpointError(f"{path}: saved shards of {info.name} cover {covered} of this rank's "
-                                  f"{info.numel} elements")
-        for (fname, key), src, dst, _, _ in pieces:
-            plan.setdefault(fname, []).append((k, key, src, dst))
-    return plan
+    check_checkpoint(path, digest=True)
+    out = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+           for k, md in _metadata(path).state_dict_metadata.items() if hasattr(md, "chunks")}
+    dcp.load(out, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    return out
 
 
-def load_checkpoint_(path: str, perturber, dims=None) -> None:
-    """Load this rank's shards from a checkpoint saved at any tp layout (reads slices, never whole files).
+def check_identity(man: dict, path: str, identity: dict | None) -> None:
+    """Refuse a checkpoint written under another configuration, naming what differs."""
+    if identity is None or "config_hash" not in man or man["config_hash"] == identity["hash"]:
+        return
+    what = diff_identity(man.get("identity") or {}, identity["fields"]) or "the config hash"
+    raise CheckpointMismatch(f"{path} was written by another configuration ({what}); it belongs to another run: "
+                             "use that run's config, or a new run.dir")
 
-    Every check (manifest, sizes, headers, coverage, SHA-256 of the files this
-    rank reads) runs before any weight is written; failures raise
-    :class:`CheckpointError` and leave the weights untouched.
+
+def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = None) -> None:
+    """Load this rank's boxes from a checkpoint saved at any dp x tp layout (DCP reads only the chunks needed).
+
+    Every check (manifest, identity, names, global shapes, coverage of each
+    box by the saved chunks, SHA-256 of the files this rank reads) runs before
+    any weight is written; failures raise :class:`CheckpointError` (or
+    :class:`CheckpointMismatch`) and leave the weights untouched. No collective:
+    each rank reads on its own.
     """
-    from safetensors import safe_open
+    import torch.distributed.checkpoint as dcp
 
     man = check_checkpoint(path)
-    plan = _plan(path, man, perturber)
-    check_checkpoint(path, sorted(plan), digest=True)
+    check_identity(man, path, identity)
+    try:
+        files = check_coverage(_metadata(path), perturber.shards, path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    check_checkpoint(path, sorted(files | {DCP_METADATA}), digest=True)
     states = perturber.state_tensors()
     with torch.no_grad():
-        for fname, pieces in plan.items():
-            with safe_open(os.path.join(path, fname), "pt") as f:
-                for k, name, src, dst in pieces:
-                    states[k][dst].copy_(f.get_slice(name)[src] if src else f.get_tensor(name))
+        dcp.load(box_state_dict(perturber.shards, states), storage_reader=dcp.FileSystemReader(path), no_dist=True)
     perturber.load_state_(states)  # in place: copies the master back to the device, drops a stale snapshot
 
 
@@ -324,7 +382,8 @@ def replay_(perturber, entries: list[dict]) -> None:
         perturber.update(e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0))
 
 
-def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpoint: bool = True) -> int:
+def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpoint: bool = True,
+                 identity: dict | None = None) -> int:
     """Bring the weights to the end of ``entries``: newest loadable checkpoint (if wanted) + ledger replay.
 
     A checkpoint that fails its checks is skipped for the previous one; with
@@ -335,7 +394,7 @@ def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpo
     done = 0
     for step, path in reversed(checkpoint_steps(run_dir, len(entries)) if use_checkpoint else []):
         try:
-            load_checkpoint_(path, perturber, dims)
+            load_checkpoint_(path, perturber, dims, identity)
         except CheckpointError as e:
             log.warning("checkpoint of step %d not loaded, trying an older one: %s", step, e)
             continue

@@ -239,6 +239,7 @@ class RunConfig:
     degenerate_steps: int = 3  # warn loudly after this many steps in a row that learned nothing
     stop_on_degenerate: bool = False  # ... and stop with an error
     keep_checkpoints: int = 2  # newest complete checkpoints kept after each save (0: keep all)
+    checkpoint_async: bool = True  # write checkpoints in the background (one host copy of the local state meanwhile)
 
     def validate(self, key: str = "run") -> None:
         _check(self.degenerate_steps >= 1, f"{key}.degenerate_steps", f"must be >= 1, got {self.degenerate_steps}")
@@ -347,7 +348,26 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def hash(self, model_dir: str | None = None) -> str:
-        """Hash of what determines the weights: a requeue may change anything else (layout, eval, paths).
+        """Hash of what determines the weights (:meth:`identity_fields`); a requeue may change anything else."""
+        return hashlib.sha256(json.dumps(self.identity_fields(model_dir), sort_keys=True).encode()).hexdigest()[:16]
+
+    def identity(self, model_dir: str | None = None) -> dict:
+        """{"hash": :meth:`hash`, "fields": the hashed settings as dotted keys}: stored so a refusal names them."""
+        d = self.identity_fields(model_dir)
+        flat: dict = {}
+
+        def walk(prefix: str, v) -> None:
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(f"{prefix}.{k}" if prefix else k, x)
+            else:
+                flat[prefix] = v
+
+        walk("", d)
+        return {"hash": hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16], "fields": flat}
+
+    def identity_fields(self, model_dir: str | None = None) -> dict:
+        """What determines the weights, as a nested dict: a requeue may change anything else (layout, eval, paths).
 
         In: ``es.*`` (seed, population, schedules, shaping, precision modes,
         selection), ``model.dtype``, the model by content (fingerprint of
@@ -397,7 +417,7 @@ class TrainConfig:
             d["model"]["content"] = model_fingerprint(where)
         elif where:
             d["model"]["name"] = where  # "builtin:<name>" or a hub id: a name, not a filesystem path
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return d
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

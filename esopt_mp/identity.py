@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import struct
 
@@ -67,3 +68,17 @@ def model_fingerprint(model_dir: str) -> str:
     for p in weights:
         h.update(f"{os.path.basename(p)}:{safetensors_fingerprint(p)}\n".encode())
     return h.hexdigest()
+
+
+def diff_identity(old: dict, new: dict, limit: int = 6) -> str:
+    """The settings two identities (flat dicts of dotted keys) disagree on: ``"es.population 8 -> 4; ..."``."""
+    keys = sorted(k for k in set(old) | set(new) if old.get(k, "<unset>") != new.get(k, "<unset>"))
+
+    def show(v) -> str:
+        s = json.dumps(v) if not isinstance(v, str) else v
+        return s if len(s) <= 40 else s[:16] + "..."
+
+    parts = [f"{k} {show(old.get(k, '<unset>'))} -> {show(new.get(k, '<unset>'))}" for k in keys[:limit]]
+    if len(keys) > limit:
+        parts.append(f"and {len(keys) - limit} more")
+    return "; ".join(parts)

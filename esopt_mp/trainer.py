@@ -23,7 +23,8 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Ledger, checkpoint_steps, export_checkpoint, restore_run_, save_checkpoint
+from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps, export_checkpoint, restore_run_
+from esopt_mp.identity import diff_identity
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
@@ -91,13 +92,16 @@ class ESTrainer:
             self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
-        self.config_hash = cfg.hash(path)
+        self.identity = cfg.identity(path)
+        self.config_hash = self.identity["hash"]
         self.ledger = Ledger(cfg.run.dir, self.config_hash, dims.rank)
+        self.ckpt = Checkpointer(cfg.run.dir, dims, cfg.run.keep_checkpoints, cfg.run.checkpoint_async, self.identity)
         self.restored_from = 0  # step of the checkpoint the resume loaded (0: none)
         self.start_step = self._resume()
         if dims.rank == 0:
             with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
-                json.dump(dict(cfg.to_dict(), base_model=path, config_hash=self.config_hash), f, indent=1)
+                json.dump(dict(cfg.to_dict(), base_model=path, config_hash=self.config_hash,
+                               identity=self.identity["fields"]), f, indent=1)
         self._stop_requested = False
         self.health = Health(cfg.run.degenerate_steps, cfg.run.stop_on_degenerate)
         log.info("ES on %d local parameters in %d tensors (%s restore, master %s), starting at step %d",
@@ -105,12 +109,26 @@ class ESTrainer:
 
     # ------------------------------------------------------------------ build
     def _resume(self) -> int:
-        entries = self.ledger.repair()  # raises if run.dir holds another config's ledger; cuts a torn tail
+        try:
+            entries = self.ledger.repair()  # raises if run.dir holds another config's ledger; cuts a torn tail
+        except LedgerError as e:
+            raise LedgerError(f"{e}{self._what_differs()}") from None
         if not entries:
             return 0
-        done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries)
+        done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries,
+                                                 identity=self.identity)
         log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)
         return len(entries)
+
+    def _what_differs(self) -> str:
+        """'; it differs in: ...' from the identity the run's config.json recorded ('' if none is recorded)."""
+        try:
+            with open(os.path.join(self.cfg.run.dir, "config.json")) as f:
+                old = json.load(f).get("identity")
+        except (OSError, ValueError):
+            return ""
+        what = diff_identity(old, self.identity["fields"]) if isinstance(old, dict) else ""
+        return f"; it differs in: {what}" if what else ""
 
     # ------------------------------------------------------------------ run
     @property
@@ -192,7 +210,9 @@ class ESTrainer:
             last = t + 1 == cfg.es.steps
             stop = dims.comm.any(self._stop_requested)  # one verdict for all ranks, at the step boundary
             if stop or last or (cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0):
-                save_checkpoint(cfg.run.dir, t + 1, self.perturber, dims, cfg.run.keep_checkpoints)
+                self.ckpt.save(t + 1, self.perturber)  # written in the background while the next steps run
+            if stop or last:
+                self.ckpt.wait()
             if stop and not last:
                 log.warning("stopped after step %d on request; rerun the same command to resume", t)
                 return {"stopped_at": t + 1}
@@ -215,7 +235,8 @@ class ESTrainer:
             else:  # vllm: the final checkpoint's canonical boxes, in the base model's HF layout, written by rank 0
                 done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
                 if not done or done[-1][0] != cfg.es.steps:  # e.g. a rerun of a finished run with a lost checkpoint
-                    save_checkpoint(cfg.run.dir, cfg.es.steps, self.perturber, dims, cfg.run.keep_checkpoints)
+                    self.ckpt.save(cfg.es.steps, self.perturber)
+                    self.ckpt.wait()
                     done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
                 if dims.rank == 0:
                     export_checkpoint(done[-1][1], self.base_path, out, getattr(torch, cfg.model.dtype))
@@ -228,6 +249,8 @@ class ESTrainer:
         return summary
 
     def close(self) -> None:
+        if getattr(self, "ckpt", None) is not None:
+            self.ckpt.close()  # normal ends waited already; on an error path an unfinished save stays a leftover
         engine = getattr(getattr(self, "objective", None), "engine", None)
         if hasattr(engine, "close"):  # vllm: shut down before the launcher's process groups go
             engine.close()

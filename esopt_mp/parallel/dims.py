@@ -29,6 +29,7 @@ class ParallelDims:
     mesh: object = dataclasses.field(default=None, repr=False)  # DeviceMesh ("dp", "tp") when world > 1
     backend: str = "gloo"  # of the process group: decides where collectives take their tensors
     _comm: object = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    _ckpt_group: object = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for key in ("dp", "tp", "world_size"):
@@ -84,6 +85,22 @@ class ParallelDims:
         if self.mesh is None:
             return None
         return dist.group.WORLD if dim == "world" else self.mesh.get_group(dim)
+
+    def checkpoint_group(self):
+        """Gloo group of dp group 0's tp ranks (the checkpoint writers), or None where one rank writes or none.
+
+        Made on the first call, which every rank must make at the same point
+        (``new_group`` is collective). Gloo and separate from the training
+        groups because torch.distributed.checkpoint exchanges its plans from
+        the asynchronous save's thread, with pickled objects on the host, while
+        training collectives go on.
+        """
+        if self._ckpt_group is False:
+            group = None
+            if self.mesh is not None and self.tp > 1:
+                group = dist.new_group(ranks=list(range(self.tp)), backend="gloo")
+            self._ckpt_group = group if self.dp_rank == 0 else None
+        return self._ckpt_group
 
     def members(self, population: int) -> list[int]:
         """Members this rank's dp group evaluates: m with m % dp == dp_rank."""

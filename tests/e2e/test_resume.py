@@ -102,8 +102,9 @@ def test_bad_configs_fail_before_any_rollout(tmp_path):
 
 
 def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
-    """1x2 -> 2x1 -> 1x2 -> 1x1, each segment resuming the previous one's checkpoint (elastic load, same
-    config hash): bit-identical to one uninterrupted 1x1 run (seed_hash objective)."""
+    """tp2/dp1 -> tp1/dp2 -> tp2/dp2 -> tp2/dp1 -> 1x1, each segment resuming the previous one's DCP checkpoint
+    (elastic load, same config hash; async saves mid-segment): bit-identical to one uninterrupted 1x1 run
+    (seed_hash objective: returns depend on the seed only), the ledger's seeds and returns equal."""
     from esopt_mp.models import build_tiny_qwen35
     from esopt_mp.parallel import ParallelDims
     from esopt_mp.parallel.spawn import run_world
@@ -111,20 +112,23 @@ def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
 
     model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
     run, one = str(tmp_path / "run"), ParallelDims(1, 1, 1)
-    segment_worker(0, 1, 1, 1, model, str(tmp_path / "ref"), str(tmp_path / "ref.pt"), 4, 4, one)
+    segment_worker(0, 1, 1, 1, model, str(tmp_path / "ref"), str(tmp_path / "ref.pt"), 6, 6, one)
     want = torch.load(tmp_path / "ref.pt")["state"]
-    chain = [(1, 2, 1, 0), (2, 1, 2, 1), (1, 2, 4, 2)]  # (dp, tp, stop_at, step the resume starts from)
+    chain = [(1, 2, 1, 0), (2, 1, 3, 1), (2, 2, 5, 3), (1, 2, 6, 5)]  # (dp, tp, stop_at, step the resume starts from)
     for i, (dp, tp, stop, restored) in enumerate(chain):
         out = str(tmp_path / f"seg{i}.pt")
-        run_world(dp * tp, segment_worker, dp, tp, model, run, out, 4, stop)
+        run_world(dp * tp, segment_worker, dp, tp, model, run, out, 6, stop)
         got = torch.load(out)
         assert got["start"] == got["restored"] == restored, (dp, tp, got["start"], got["restored"])
         assert sorted(os.listdir(os.path.join(run, "ckpt"))) == [f"step_{stop:06d}"]  # keep=1 pruned the rest
-    segment_worker(0, 1, 1, 1, model, run, str(tmp_path / "last.pt"), 4, 4, one)  # tp=2 checkpoint at 1x1
+        man = json.load(open(os.path.join(run, "ckpt", f"step_{stop:06d}", "manifest.json")))
+        assert man["layout"] == {"dp": dp, "tp": tp} and man["format"] == 2
+    segment_worker(0, 1, 1, 1, model, run, str(tmp_path / "last.pt"), 6, 6, one)  # tp=2 checkpoint at 1x1
     last = torch.load(tmp_path / "last.pt")
-    assert last["restored"] == 4
-    for got in (torch.load(tmp_path / "seg2.pt")["state"], last["state"]):
+    assert last["restored"] == 6
+    for got in (torch.load(tmp_path / "seg3.pt")["state"], last["state"]):
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert _ledger(run) == _ledger(tmp_path / "ref")
     base = load_file(os.path.join(model, "model.safetensors"))
     assert any(not torch.equal(want[k], v) for k, v in base.items())
 
@@ -141,7 +145,11 @@ def test_resume_with_another_es_config_is_refused(tmp_path):
     tr = ESTrainer(_cfg(1, 1, model, run, "seed_hash", 2), ParallelDims(1, 1, 1))
     tr.step(0)
     tr.close()
-    with pytest.raises(LedgerError, match="different configuration .*use a new run.dir or the original config"):
+    with pytest.raises(LedgerError, match="different configuration .*use a new run.dir or the original config"
+                                          ".*it differs in: es.population 8 -> 4$"):
         ESTrainer(_cfg(1, 1, model, run, "seed_hash", 2, population=4), ParallelDims(1, 1, 1))
+    other = build_tiny_qwen35(str(tmp_path / "tiny2"), seed=4, num_hidden_layers=2)  # another model's weights
+    with pytest.raises(LedgerError, match=r"it differs in: model.content [0-9a-f]{16}\.\.\. -> [0-9a-f]{16}\.\.\.$"):
+        ESTrainer(_cfg(1, 1, other, run, "seed_hash", 2), ParallelDims(1, 1, 1))
     again = ESTrainer(_cfg(1, 1, model, run, "seed_hash", 2, chunk_elems=4096), ParallelDims(1, 1, 1))
     assert again.start_step == 1

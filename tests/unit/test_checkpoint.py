@@ -1,9 +1,12 @@
-"""Checkpoint durability: manifests, fallback past a damaged newest checkpoint, SIGKILL during a save,
-pruning, and elastic load across tp layouts (simulated shards, no process group)."""
+"""Checkpoint durability: manifests, fallback past a damaged newest checkpoint, SIGKILL during a save (sync and
+async), pruning, identity refusals, and elastic load across tp layouts (simulated shards, no process group; the
+multi-writer saves under gloo are in tests/dist/test_elastic.py)."""
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -50,13 +53,21 @@ def box(state, p):
             for s in p.shards}
 
 
-def save_layout(run_dir, step, state, tp, keep=0):
-    """What save_checkpoint does on tp ranks of dp group 0, without a process group."""
+DATA = "__0_0.distcp"  # the one writer's data file
+
+
+def save_layout(run_dir, step, state, tp, keep=0, identity=None):
+    """The chunks a tp-layout save writes (each distinct box once, as DCP dedups replicas), from one process."""
     final = os.path.join(run_dir, "ckpt", f"step_{step:06d}")
     os.makedirs(final + ".tmp", exist_ok=True)
+    shards, seen = [], set()
     for r in range(tp):
-        ck.write_rank_file(final + ".tmp", r, perturber(state, tp, r))
-    ck.finalize(final + ".tmp", final, step, tp)
+        for s in perturber(state, tp, r).shards:
+            if (s.info.name, s.info.offset) not in seen:
+                seen.add((s.info.name, s.info.offset))
+                shards.append(s)
+    ck.write_shards(final + ".tmp", shards, [s.tensor for s in shards], None, 0)
+    ck.finalize(final + ".tmp", final, step, {"dp": 1, "tp": tp}, 1, identity)
     ck.prune_checkpoints(run_dir, keep, step)
     return final
 
@@ -102,13 +113,64 @@ def test_load_refuses_missing_tensor_and_other_global_shape_before_writing(tmp_p
         ck.load_checkpoint_(path, q)
 
 
+def test_layout_that_cannot_map_is_refused_before_writing(tmp_path):
+    """A checkpoint whose saved chunks do not cover this rank's box (a writer's chunks were lost from the
+    metadata: here a tp=2 save of which only rank 0's half of w was recorded) names the tensor and the mesh."""
+    import torch.distributed.checkpoint as dcp
+
+    st = full_state(1)
+    final = os.path.join(tmp_path, "ckpt", "step_000001")
+    os.makedirs(final + ".tmp")
+    half = [s for s in perturber(st, 2, 0).shards if s.info.name == "w"] + perturber(st).shards[1:]
+    real = dcp.default_planner._validate_global_plan  # DCP itself refuses to write an uncovered tensor
+    dcp.default_planner._validate_global_plan = lambda plan, md: []
+    try:
+        ck.write_shards(final + ".tmp", half, [s.tensor for s in half], None, 0)
+    finally:
+        dcp.default_planner._validate_global_plan = real
+    ck.finalize(final + ".tmp", final, 1, {"dp": 1, "tp": 2}, 1)
+    p = perturber(full_state(2), 2, 1)
+    before = [s.tensor.clone() for s in p.shards]
+    with pytest.raises(ck.CheckpointError, match=r"w cover 0 of the 60 elements .*cannot map onto the current mesh"):
+        ck.load_checkpoint_(final, p)
+    assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
+    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(1)) == 0  # skipped: base + replay
+
+
+def test_checkpoint_of_another_configuration_is_refused_naming_the_difference(tmp_path):
+    from esopt_mp.config import TrainConfig, from_dict
+
+    mine = TrainConfig().identity()
+    other = from_dict(TrainConfig, {"es": {"population": 4, "sigma": {"start": 0.01}}}).identity()
+    path = save_layout(str(tmp_path), 1, full_state(1), 1, identity=other)
+    p = perturber(full_state(2))
+    before = [s.tensor.clone() for s in p.shards]
+    with pytest.raises(ck.CheckpointMismatch, match=r"es.population 4 -> 8; es.sigma.start 0.01 -> "):
+        ck.load_checkpoint_(path, p, identity=mine)
+    with pytest.raises(ck.CheckpointMismatch):  # not skipped for an older one: it is another run's
+        ck.restore_run_(str(tmp_path), p, DIMS, entries(1), identity=mine)
+    assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
+    ck.load_checkpoint_(path, p, identity=other)
+    assert _equal(p, box(full_state(1), p))
+
+
+def test_format_1_checkpoint_is_skipped_for_the_ledger(tmp_path):
+    ref = states_at(2)
+    path = save_layout(str(tmp_path), 2, ref[2], 1)
+    man = json.load(open(os.path.join(path, ck.MANIFEST)))
+    json.dump(dict(man, format=1), open(os.path.join(path, ck.MANIFEST), "w"))
+    assert ck.checkpoint_steps(str(tmp_path)) == []
+    p = perturber(full_state())
+    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(2)) == 0 and _equal(p, ref[2])
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "missing_file", "tmp_only"])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage):
     ref = states_at(4)
     run = str(tmp_path)
     save_layout(run, 2, ref[2], 2)
     newest = save_layout(run, 4, ref[4], 2)
-    f = os.path.join(newest, "tp1.safetensors")
+    f = os.path.join(newest, DATA)
     if damage == "truncate":
         os.truncate(f, os.path.getsize(f) - 100)
     elif damage == "flip":  # same size, valid header: only the SHA-256 sees it
@@ -126,7 +188,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage):
     p = perturber(full_state())
     assert ck.restore_run_(run, p, DIMS, entries(4)) == 2
     assert _equal(p, ref[4])
-    os.truncate(os.path.join(run, "ckpt", "step_000002", "tp0.safetensors"), 50)  # both damaged: base + replay
+    os.truncate(os.path.join(run, "ckpt", "step_000002", DATA), 50)  # both damaged: base + replay
     p = perturber(full_state())
     assert ck.restore_run_(run, p, DIMS, entries(4)) == 0
     assert _equal(p, ref[4])
@@ -154,32 +216,30 @@ def test_save_checkpoint_single_rank_writes_manifest_and_prunes(tmp_path):
         ck.save_checkpoint(str(tmp_path), s, perturber(ref[s]), DIMS, keep=2)
     assert [s for s, _ in ck.checkpoint_steps(str(tmp_path))] == [2, 3]
     man = ck.check_checkpoint(os.path.join(tmp_path, "ckpt", "step_000003"), digest=True)
-    assert man["step"] == 3 and man["tp"] == 1 and set(man["files"]) == {"tp0.safetensors"}
+    assert man["step"] == 3 and man["layout"] == {"dp": 1, "tp": 1} and set(man["files"]) == {DATA, ".metadata"}
     p = perturber(full_state())
     assert ck.restore_run_(str(tmp_path), p, DIMS, entries(3)) == 3 and _equal(p, ref[3])
 
 
 _CHILD = r"""
-import os, shutil, signal, sys
+import os, shutil, signal, sys, threading, time
 from esopt_mp import checkpoint as ck
 from tests.unit.test_checkpoint import DIMS, perturber, states_at
 run, point = sys.argv[1], sys.argv[2]
 ref = states_at(4)
 ck.save_checkpoint(run, 2, perturber(ref[2]), DIMS, keep=1)
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
-if point == "file":
-    import safetensors.torch as st
-    real = st.save_file
-    def half(tensors, path, metadata=None):
-        real(tensors, path, metadata=metadata)
+if point == "file":  # the data written, torn, before its digest
+    real_sha = ck.file_sha256
+    def torn(path):
         os.truncate(path, os.path.getsize(path) // 2)
         die()
-    st.save_file = half
+    ck.file_sha256 = torn
 elif point == "manifest":
     real_json = ck._write_json
     def torn(path, obj):
         if path.endswith(ck.MANIFEST):
-            open(path, "w").write('{"format": 1, "files": {"tp0.safet')
+            open(path, "w").write('{"format": 2, "files": {"__0_0.dis')
             die()
         real_json(path, obj)
     ck._write_json = torn
@@ -188,11 +248,24 @@ elif point == "rename":
 elif point == "prune":
     real_rm = shutil.rmtree
     ck.shutil.rmtree = lambda p, *a, **k: die() if p.endswith("step_000002") else real_rm(p, *a, **k)
+elif point == "async":  # killed while the background thread writes, the training thread already going on
+    writing, real_sha = threading.Event(), ck.file_sha256
+    def slow(path):
+        writing.set()
+        time.sleep(30)
+        return real_sha(path)
+    ck.file_sha256 = slow
+    c = ck.Checkpointer(run, DIMS, keep=1, async_save=True)
+    p = perturber(ref[4])
+    c.save(4, p)
+    p.update([1, 2], [1, 1], [1.0, -1.0], 0.5)  # the next step changes the weights meanwhile
+    writing.wait(60)
+    die()
 ck.save_checkpoint(run, 4, perturber(ref[4]), DIMS, keep=1)
 """
 
 
-@pytest.mark.parametrize("point,loaded", [("file", 2), ("manifest", 2), ("rename", 2), ("prune", 4)])
+@pytest.mark.parametrize("point,loaded", [("file", 2), ("manifest", 2), ("rename", 2), ("prune", 4), ("async", 2)])
 def test_sigkill_during_save_resumes_exactly(tmp_path, point, loaded):
     run = str(tmp_path / "run")
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
@@ -216,3 +289,42 @@ def test_resaving_a_step_replaces_it_and_leaves_no_leftover(tmp_path):
     assert os.listdir(os.path.join(tmp_path, "ckpt")) == ["step_000002"]
     p = perturber(full_state())
     assert ck.restore_run_(str(tmp_path), p, DIMS, entries(2)) == 2 and _equal(p, ref[2])
+
+
+def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path):
+    """The step after save() changes the weights before the write starts: the checkpoint holds the saved step."""
+    ref = states_at(4)
+    p = perturber(ref[2])
+    gate, real = threading.Event(), ck.write_shards
+    ck.write_shards = lambda *a: (gate.wait(30), real(*a))
+    try:
+        c = ck.Checkpointer(str(tmp_path), DIMS, keep=0, async_save=True)
+        c.save(2, p)
+        assert ck.checkpoint_steps(str(tmp_path)) == []  # not complete before wait()
+        ck.replay_(p, entries(4)[2:])  # steps 3 and 4 run during the write
+        gate.set()
+        assert c.wait().endswith("step_000002")
+        c.save(4, p)
+        c.wait()
+        c.close()
+    finally:
+        ck.write_shards = real
+    assert [s for s, _ in ck.checkpoint_steps(str(tmp_path))] == [2, 4]
+    for step in (2, 4):
+        q = perturber(full_state(9))
+        ck.load_checkpoint_(os.path.join(tmp_path, "ckpt", f"step_{step:06d}"), q)
+        assert _equal(q, ref[step])
+
+
+def test_failed_write_raises_and_leaves_no_checkpoint(tmp_path):
+    c = ck.Checkpointer(str(tmp_path), DIMS, keep=0, async_save=True)
+    real = ck.write_shards
+    ck.write_shards = lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    try:
+        c.save(1, perturber(full_state()))
+        with pytest.raises(ck.CheckpointError, match="step 1 was not written .*No space left"):
+            c.wait()
+    finally:
+        ck.write_shards = real
+        c.close()
+    assert os.listdir(os.path.join(tmp_path, "ckpt")) == []

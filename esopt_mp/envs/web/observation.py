@@ -76,7 +76,7 @@ def render(obs: dict, tree: str, budget_tokens: int, goal: str, feedback: str | 
         active = int(active[0]) if hasattr(active, "__len__") else active
         head.append("Tabs: " + "; ".join(f"{i}{'*' if i == active else ''} {u}" for i, u in enumerate(tabs)))
     chat = latest_chat(obs)
-    if chat:
+    if chat and chat.split(": ", 1)[-1].strip() != goal.strip():  # the task's opening message repeats the goal
         head.append(f"# Latest message\n{chat}")
     if feedback:
         head.append(f"# Feedback\n{feedback}")

@@ -119,6 +119,41 @@ def preflight(sites, timeout_s: float = 10.0) -> dict:
     return seen
 
 
+def load_split(env_cfg) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) tasks for ``env`` (an ``EnvConfig`` with ``name=webarena_lite``).
+
+    ``web.split=all`` (the default): train on the train split, evaluate on the held-out one;
+    ``train``/``heldout``: both sets from that one split. ``suite=demo``: the loopback demo tasks.
+    """
+    web = env_cfg.web
+    if web.suite == "demo":
+        from esopt_mp.envs.web import demo
+
+        return demo.tasks(env_cfg.n_train), demo.tasks(env_cfg.n_eval, first_seed=10_000)
+    judge = judge_available(web.judge_url_env, web.judge_key_env)
+    splits = ("train", "heldout") if web.split == "all" else (web.split, web.split)
+    train, c_train = select(web.task_ids, splits[0], web.answer_only, judge)
+    held, c_held = select(web.task_ids, splits[1], web.answer_only, judge)
+    log.info("webarena_lite tasks: train %s, held-out %s", c_train, c_held)
+    train, held = train[: env_cfg.n_train], held[: env_cfg.n_eval]
+    if len(train) < env_cfg.episodes_per_step or not held:
+        raise ValueError(f"env.web: {len(train)} training and {len(held)} held-out WebArena-Lite tasks "
+                         f"(split={web.split}, task_ids={web.task_ids or 'all'}; excluded: train {c_train}, "
+                         f"held-out {c_held}) are not enough for env.episodes_per_step={env_cfg.episodes_per_step}")
+    return train, held
+
+
+def startup_check(env_cfg) -> None:
+    """At the trainer's start on TP leaders: the browser stack, then (WebArena) every site the tasks need."""
+    from esopt_mp.envs.web.stack import check
+
+    web = env_cfg.web
+    check(web.chromium, web.browsers_path, web.nltk_data)
+    if web.suite == "webarena_lite":
+        train, held = load_split(env_cfg)
+        preflight({s for t in train + held for s in t["sites"]}, web.preflight_timeout_s)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="WebArena-Lite task sets and the site preflight")
     ap.add_argument("--split", default="all", choices=("all", "train", "heldout"))

@@ -31,7 +31,7 @@ def trim_tree(tree: str, budget_tokens: int, focused_bid: str | None = None) -> 
     if estimate_tokens(tree) <= budget_tokens:
         return tree
     lines = tree.splitlines()
-    budget = budget_tokens * CHARS_PER_TOKEN - 80  # room for the two cut markers
+    budget = budget_tokens * CHARS_PER_TOKEN - 130  # room for the two cut markers
     centre = _focused_line(lines, focused_bid)
     lo = hi = centre if centre is not None else 0
     used = len(lines[lo]) + 1

@@ -159,15 +159,18 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="all", choices=("all", "train", "heldout"))
     ap.add_argument("--ids", type=int, nargs="*", default=[])
     ap.add_argument("--answer-only", action="store_true")
-    ap.add_argument("--preflight", action="store_true", help="check the sites the selected tasks need")
+    ap.add_argument("--preflight", action="store_true", help="check the browser stack and the sites the tasks need")
     ap.add_argument("--timeout", type=float, default=10.0)
     a = ap.parse_args(argv)
     tasks, counts = select(a.ids, a.split, a.answer_only)
     out = {"counts": counts}
     if a.preflight:
+        from esopt_mp.envs.web.stack import check
+
         try:
+            out["stack"] = check()
             out["sites"] = preflight({s for t in tasks for s in t["sites"]}, a.timeout)
-        except RuntimeError as e:
+        except RuntimeError as e:  # WebStackMissing is one
             print(json.dumps({**out, "error": str(e)}))
             return 1
     print(json.dumps(out))

@@ -40,20 +40,42 @@ def main() -> None:
     from esopt_mp.envs.web import stack
 
     if stack.find_chromium() is None and not args.no_apt:
-        _run(["apt-get", "update", "-qq"])
-        _run(["apt-get", "install", "-y", "-qq", "chromium-headless-shell"])
+        try:
+            _run(["apt-get", "update", "-qq"])
+            _run(["apt-get", "install", "-y", "-qq", "chromium-headless-shell"])
+        except (OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f"setup_browser: cannot install chromium-headless-shell with apt-get ({e}); install a Chromium "
+                     "and pass its path as env.web.chromium or $ESOPT_CHROMIUM, then rerun with --no-apt")
     python = sys.executable
     if args.venv:
         if not os.path.exists(os.path.join(args.venv, "bin", "python")):
             _run([sys.executable, "-m", "venv", "--system-site-packages", args.venv])
         python = os.path.join(os.path.abspath(args.venv), "bin", "python")
-        have = subprocess.run([python, "-c", "import browsergym.webarenalite, punkt"], capture_output=True,
-                              env={**os.environ, "NLTK_DATA": stack.default_paths(args.root)[1]}).returncode == 0
+        probe = ("import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
+                 "('browsergym.webarenalite', 'browsergym.webarena', 'punkt')) else 1)")  # located, not imported
+        have = subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
         if not have:
             _run([python, "-m", "pip", "install", "-q", *PIP])
             _run([python, "-m", "pip", "uninstall", "-y", "-q", *SHADOWING])
-    else:
-        _run([python, "-m", "pip", "install", "-q", *PIP])
+    else:  # into this interpreter: never at the price of its transformers (the resolver would downgrade it)
+        import importlib.metadata as md
+        import tempfile
+
+        pins = []
+        for name in SHADOWING[:-1]:
+            try:
+                pins.append(f"{name}=={md.version(name)}")
+            except md.PackageNotFoundError:
+                pass
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("\n".join(pins) + "\n")
+        try:
+            _run([python, "-m", "pip", "install", "-q", "-c", f.name, *PIP])
+        except subprocess.CalledProcessError:
+            sys.exit(f"setup_browser: the BrowserGym packages conflict with this environment's {', '.join(pins)}; "
+                     "use --venv DIR (a --system-site-packages venv keeps these)")
+        finally:
+            os.unlink(f.name)
     browsers_path, nltk_data = stack.default_paths(args.root)
     # the link and the data are made by the interpreter that will run browsergym (it has playwright and nltk)
     code = (f"import sys; sys.path.insert(0, {here!r}); from esopt_mp.envs.web import stack; "

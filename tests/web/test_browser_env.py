@@ -1,4 +1,5 @@
 """webarena_lite in real headless Chromium: the demo site's tasks, faults, and process hygiene."""
+import dataclasses
 import math
 import os
 import re
@@ -106,3 +107,16 @@ def test_sigterm_leaves_no_browser_behind(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_step_past_its_time_limit_raises_and_closes():
+    """A browser step slower than env.web.step_timeout_s is a fault (the loop makes the return NaN)."""
+    e = make("webarena_lite", max_turns=4, web=CFG)
+    obs = e.reset(demo.tasks(1)[0])[0][-1]["content"]  # playwright's own timeout: 20 s
+    e.cfg = dataclasses.replace(CFG, step_timeout_s=1e-4)  # the wall-clock limit every real step exceeds
+    with pytest.raises(TimeoutError, match="env.web.step_timeout_s=0.0001"):
+        e.step(f'fill("{_bid(obs, "textbox", "Name")}", "Ada")')
+    assert e.gym is None and not _browsers()
+    with pytest.raises(Exception, match="Timeout 10ms exceeded"):  # a reset past playwright's timeout (its own error)
+        make("webarena_lite", web=WebConfig(settle_s=0.0, step_timeout_s=0.01)).reset(demo.tasks(1)[0])
+    assert not _browsers()

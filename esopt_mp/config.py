@@ -20,6 +20,7 @@ from esopt_mp.es.perturber import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS
 from esopt_mp.es.shaping import SHAPINGS
 from esopt_mp.envs.sandbox.config import SandboxConfig
+from esopt_mp.envs.web.config import WebConfig
 
 
 ENGINES = ("hf", "vllm")
@@ -187,12 +188,14 @@ class EnvConfig:
     eval_temperature: float = 0.0
     task_seed: int = 0
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)  # code-running envs' isolation floor
+    web: WebConfig = dataclasses.field(default_factory=WebConfig)  # webarena_lite: browser, budgets, task set
 
     def validate(self, key: str = "env") -> None:
         from esopt_mp.envs import registered
 
         try:
             self.sandbox.validate(f"{key}.sandbox")
+            self.web.validate(f"{key}.web")
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -405,6 +408,11 @@ class TrainConfig:
             d["env"].pop(k)
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
+        web = d["env"].pop("web")  # webarena_lite's section; other environments keep the hash they had without it
+        if self.env.name == "webarena_lite":  # in: the task set, budgets and judge choice; out: paths and how many
+            for k in ("chromium", "browsers_path", "nltk_data", "max_browsers", "preflight_timeout_s"):  # browsers
+                web.pop(k)
+            d["env"]["web"] = web
         if self.env.train_path:
             from esopt_mp.data import resolve
 

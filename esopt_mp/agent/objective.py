@@ -27,6 +27,10 @@ CODE_ENVS = ("math_react", "heuristic")  # environments that run model-written c
 
 def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
     """(train, eval) tasks of the configured environment: from JSONL files or generated."""
+    if cfg.name == "webarena_lite":
+        from esopt_mp.envs.web.tasks import load_split
+
+        return load_split(cfg)
     if cfg.name == "sudoku":
         from esopt_mp.envs import sudoku as m
 
@@ -61,6 +65,10 @@ class AgentObjective:
         self.engine = engine or HFEngine(model, tokenizer, prefix_reuse=engine_cfg.prefix_reuse)
         if dims.is_tp_leader and env_cfg.name in CODE_ENVS:  # refuse a too-weak sandbox now, not at episode 1
             Sandbox.from_config(env_cfg.sandbox)
+        if dims.is_tp_leader and env_cfg.name == "webarena_lite":  # browser stack and sites, before any rollout
+            from esopt_mp.envs.web.tasks import startup_check
+
+            startup_check(env_cfg)
         self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling())
         self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature))
         self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
@@ -71,7 +79,8 @@ class AgentObjective:
     def _play(self, tasks, seeds, cfg, **tags) -> tuple[float, int]:
         """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
         if not self.dims.is_tp_leader:
-            follow_episodes(self.engine, cfg, self.dims)
+            for _ in range(-(-len(tasks) // self._group(len(tasks)))):  # one follow per batch the leader plays
+                follow_episodes(self.engine, cfg, self.dims)
             return 0.0, 0
         eps = self.play(tasks, seeds, cfg, **tags)
         finite = [e.ret for e in eps if not math.isnan(e.ret)]
@@ -80,12 +89,27 @@ class AgentObjective:
     def play(self, tasks, seeds, cfg, **tags) -> list:
         """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file."""
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
+        if self.cfg.name == "webarena_lite":
+            extra = {"web": self.cfg.web}
         envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
-        eps = run_episodes(self.engine, envs, tasks, seeds, cfg, self.dims)
+        # environments holding a browser each play at most env.web.max_browsers episodes at a time
+        group = self._group(len(tasks))
+        eps = []
+        try:
+            for a in range(0, len(tasks), group):
+                b = a + group
+                eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, self.dims)
+        finally:
+            for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
+                getattr(env, "close", lambda: None)()
         if self.traj_path:
             write_trajectories(self.traj_path, eps, **tags)
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
+
+    def _group(self, n: int) -> int:
+        """Episodes played at once: all, or env.web.max_browsers for an environment holding a browser each."""
+        return max(1, min(n, self.cfg.web.max_browsers) if self.cfg.name == "webarena_lite" else n)
 
     def step_tasks(self, step: int) -> list[dict]:
         rng = random.Random(stream_seed(self.run_seed, "tasks", step))

@@ -63,3 +63,4 @@ def _load_builtin() -> None:
     import esopt_mp.envs.heuristic  # noqa: F401
     import esopt_mp.envs.math_react  # noqa: F401
     import esopt_mp.envs.sudoku  # noqa: F401
+    import esopt_mp.envs.web.env  # noqa: F401 - browsergym is imported at reset, not here

@@ -67,6 +67,13 @@ def test_esopt_data_overrides_the_shipped_root(monkeypatch, tmp_path):
     assert [t["id"] for t in train] == [f"q{i}" for i in range(16)]
 
 
-def test_webarena_profile_says_what_is_missing():
-    with pytest.raises(ConfigError, match="unknown environment 'webarena_lite'"):
-        build_config(_compose("+experiment=webarena_27b"), 4)
+def test_webarena_profiles_validate():
+    """The paper's setting (G=8, sigma 1.5e-3 constant, alpha 2.5e-4, 70 steps) and the CPU demo variant."""
+    cfg = build_config(_compose("+experiment=webarena_27b"), 4)
+    assert (cfg.env.name, cfg.es.population, cfg.es.steps, cfg.es.mirrored) == ("webarena_lite", 8, 70, False)
+    assert (cfg.es.sigma.kind, cfg.es.sigma.start, cfg.es.alpha.start) == ("constant", 1.5e-3, 2.5e-4)
+    assert (cfg.env.web.suite, cfg.env.web.split, cfg.env.web.max_browsers) == ("webarena_lite", "all", 8)
+    tiny = build_config(_compose("+experiment=webarena_tiny"), 1)
+    assert (tiny.env.web.suite, tiny.model.path) == ("demo", "builtin:tiny_agent")
+    train, held = load_tasks(tiny.env)
+    assert len(train) == 4 and len(held) == 2 and not {t["id"] for t in train} & {t["id"] for t in held}

@@ -1,0 +1,174 @@
+"""``webarena_lite``: WebArena-Lite (or any registered BrowserGym task) played through BrowserGym.
+
+One environment = one browser, opened at ``reset`` and closed when the episode
+ends, fails or the process exits. Each reply is parsed into one BrowserGym
+high-level action (:mod:`.actions`); an unparseable reply costs a turn and
+returns the parse feedback with the unchanged page. The reward is BrowserGym's
+(the WebArena evaluators for WebArena tasks), given when the task says done.
+Browser faults (a site that stops answering, a step past its time limit)
+raise, and the agent loop turns the episode's return into NaN.
+A task dict: ``{"id", "gym_id", "sites"?, "seed"?}`` (:func:`.tasks.select`).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import time
+import weakref
+
+from esopt_mp.envs.base import register
+from esopt_mp.envs.web import stack
+from esopt_mp.envs.web.actions import USAGE, ActionError, parse_action
+from esopt_mp.envs.web.config import WebConfig
+from esopt_mp.envs.web.observation import render
+
+log = logging.getLogger(__name__)
+SYSTEM = ("You are a web agent. Each turn you see the goal, the page's accessibility tree (elements carry ids "
+          "in [brackets]) and feedback. Think briefly, then end your reply with exactly one action:\n" + USAGE +
+          "\nWhen the task asks for information, answer with send_msg_to_user(\"...\"); if it cannot be done, "
+          "report_infeasible(\"...\").")
+_LIVE: "weakref.WeakSet[WebArenaLiteEnv]" = weakref.WeakSet()
+_CHECKED: dict = {}
+
+
+def close_all() -> int:
+    """Close every open browser of this process (atexit, SIGTERM); returns how many were open."""
+    n = 0
+    for env in list(_LIVE):
+        n += env.close()
+    return n
+
+
+def _on_term(signum, frame):  # installed only where nobody else handles SIGTERM
+    close_all()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+
+
+def _install_exit_hooks() -> None:
+    if _CHECKED.get("hooks"):
+        return
+    _CHECKED["hooks"] = True
+    atexit.register(close_all)
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_term)
+    except ValueError:  # not the main thread: atexit (and the trainer's own handler) remain
+        pass
+
+
+def ensure_ready(cfg: WebConfig) -> dict:
+    """The stack check (:func:`.stack.check`), once per process and configuration."""
+    key = (cfg.chromium, cfg.browsers_path, cfg.nltk_data)
+    if key not in _CHECKED:
+        _CHECKED[key] = stack.check(*key)
+    return _CHECKED[key]
+
+
+@register("webarena_lite")
+class WebArenaLiteEnv:
+    name = "webarena_lite"
+
+    def __init__(self, max_turns: int = 30, web: WebConfig | None = None):
+        self.max_turns = max_turns
+        self.cfg = web or WebConfig()
+        self.gym = None
+        self.task = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _open(self, task: dict):
+        ensure_ready(self.cfg)
+        import gymnasium as gym
+        from browsergym.core.action.highlevel import HighLevelActionSet
+
+        if task["gym_id"].startswith("browsergym/webarenalite."):
+            import browsergym.webarenalite  # noqa: F401 - registers the 165 gym ids
+        elif task["gym_id"].startswith("browsergym/esopt_demo."):
+            from esopt_mp.envs.web import demo
+
+            demo.register()
+        actions = HighLevelActionSet(subsets=["chat", "infeas", "bid", "nav", "tab"], multiaction=False, strict=True)
+        _install_exit_hooks()
+        self.gym = gym.make(task["gym_id"], headless=True, slow_mo=0, timeout=int(self.cfg.step_timeout_s * 1000),
+                            pre_observation_delay=self.cfg.settle_s, action_mapping=actions.to_python_code,
+                            wait_for_user_message=False)
+        _LIVE.add(self)
+        return self.gym.reset(seed=int(task.get("seed", 0)))
+
+    def close(self) -> int:
+        """Close this episode's browser (idempotent); 1 if one was open."""
+        g, self.gym = self.gym, None
+        _LIVE.discard(self)
+        if g is None:
+            return 0
+        try:
+            g.close()
+        except Exception as e:  # noqa: BLE001 - a dead browser must not hide the episode's own error
+            log.warning("closing the browser: %s: %s", type(e).__name__, e)
+        return 1
+
+    def __del__(self):
+        self.close()
+
+    # -- Env protocol --------------------------------------------------------------------------
+    def reset(self, task: dict):
+        self.close()
+        self.task, self.turn, self.t0 = task, 0, time.perf_counter()
+        try:
+            obs, info = self._open(task)
+        except BaseException:
+            self.close()
+            raise
+        self.obs, self.goal = obs, _goal_text(obs)
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": render(obs, self._tree(obs), self.cfg.obs_tokens, self.goal)}], {
+            "id": task.get("id"), "url": obs.get("url")}
+
+    def step(self, assistant_text: str):
+        if self.task is None:
+            raise RuntimeError("step() before reset()")
+        if self.gym is None:
+            raise RuntimeError("step() after the episode ended")
+        self.turn += 1
+        out_of_turns = self.turn >= self.max_turns
+        try:
+            action = parse_action(assistant_text)
+        except ActionError as e:
+            if out_of_turns:
+                self.close()
+            text = render(self.obs, self._tree(self.obs), self.cfg.obs_tokens, self.goal, feedback=str(e))
+            return [{"role": "user", "content": text}], 0.0, False, out_of_turns, {"action": None, "feedback": str(e)}
+        try:
+            t = time.perf_counter()
+            obs, reward, term, trunc, info = self.gym.step(action)
+            step_s, total = time.perf_counter() - t, time.perf_counter() - self.t0
+            if step_s > self.cfg.step_timeout_s:
+                raise TimeoutError(f"browser step took {step_s:.1f} s > env.web.step_timeout_s={self.cfg.step_timeout_s:g}")
+            if total > self.cfg.episode_timeout_s:
+                raise TimeoutError(f"episode ran {total:.1f} s > env.web.episode_timeout_s={self.cfg.episode_timeout_s:g}")
+        except BaseException:
+            self.close()
+            raise
+        self.obs = obs
+        meta = {"action": action, "step_s": step_s, "error": obs.get("last_action_error") or None,
+                "task_info": info.get("task_info")}
+        if term or trunc or out_of_turns:
+            self.close()
+            return [], float(reward), bool(term), bool(trunc) or out_of_turns, meta
+        text = render(obs, self._tree(obs), self.cfg.obs_tokens, self.goal)
+        return [{"role": "user", "content": text}], float(reward), False, False, meta
+
+    def _tree(self, obs: dict) -> str:
+        from browsergym.utils.obs import flatten_axtree_to_str
+
+        return flatten_axtree_to_str(obs["axtree_object"], extra_properties=obs.get("extra_element_properties"),
+                                     filter_visible_only=False)
+
+
+def _goal_text(obs: dict) -> str:
+    goal = obs.get("goal")
+    if goal:
+        return goal
+    parts = [g.get("text", "") for g in obs.get("goal_object") or () if g.get("type") == "text"]
+    return "\n".join(p for p in parts if p)

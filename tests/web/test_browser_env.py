@@ -1,0 +1,122 @@
+"""webarena_lite in real headless Chromium: the demo site's tasks, faults, and process hygiene."""
+import dataclasses
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from esopt_mp.agent.loop import AgentConfig, run_episodes
+from esopt_mp.envs import make
+from esopt_mp.envs.web import demo
+from esopt_mp.envs.web.config import WebConfig
+from tests.web.conftest import SITES
+from tests.web.scripted import ScriptedEngine
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+CFG = WebConfig(settle_s=0.0, step_timeout_s=20.0)
+
+
+def _browsers() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True) if "chrom" in p.name().lower()]
+
+
+def _bid(text: str, role: str, name: str | None = None) -> str:
+    pat = rf"\[(\w+)\] {role}" + (rf" '{name}'" if name else "")
+    return re.search(pat, text).group(1)
+
+
+@pytest.fixture
+def env():
+    e = make("webarena_lite", max_turns=6, web=CFG)
+    yield e
+    e.close()
+    assert not _browsers(), "a browser outlived its episode"
+
+
+@pytest.mark.parametrize("name,reward", [("Ada", 1.0), ("Bob", 0.0)])
+def test_scripted_form_scores_one_and_a_wrong_one_zero(env, name, reward):
+    msgs, _ = env.reset(demo.tasks(1)[0])  # seed 0: the name to type is Ada
+    obs = msgs[-1]["content"]
+    assert "Type Ada into the Name field" in obs
+    out, r, term, trunc, info = env.step(f'I fill it. fill("{_bid(obs, "textbox", "Name")}", "{name}")')
+    assert (r, term, info["action"]) == (0.0, False, f"fill('{_bid(obs, 'textbox', 'Name')}', '{name}')")
+    out, r, term, trunc, info = env.step(f'click("{_bid(obs, "button", "Submit")}")')
+    assert (r, term, out) == (reward, True, [])
+    assert env.gym is None and not _browsers()  # the episode's end closed its browser
+
+
+@pytest.mark.parametrize("answer,reward", [(str(demo.code_of(1)), 1.0), ("1234", 0.0)])
+def test_answer_task_scored_by_the_task(env, answer, reward):
+    env.reset(demo.tasks(1, first_seed=1)[0])  # seed 1: the "code" kind
+    out, r, term, _, _ = env.step(f'The code is shown. send_msg_to_user("The code is {answer}")')
+    assert (r, term) == (reward, True)
+
+
+def test_malformed_reply_gets_parse_feedback_and_bad_bid_gets_browsergym_error(env):
+    env.reset(demo.tasks(1)[0])
+    out, r, term, trunc, info = env.step("I am not sure what to do here.")
+    assert info["action"] is None and "no action found" in info["feedback"]
+    assert "# Feedback\nno action found" in out[0]["content"] and not term
+    out, r, term, trunc, info = env.step('click("zz99")')
+    assert 'Could not find element with bid "zz99"' in out[0]["content"] and info["error"]
+    assert "# Error from the last action" in out[0]["content"] and not term
+
+
+def test_turn_budget_truncates_and_closes():
+    e = make("webarena_lite", max_turns=2, web=CFG)
+    e.reset(demo.tasks(1)[0])
+    assert e.step("nothing")[3] is False
+    _, r, term, trunc, _ = e.step("still nothing")
+    assert (r, term, trunc, e.gym) == (0.0, False, True, None) and not _browsers()
+
+
+def test_unreachable_site_fails_its_episode_and_the_others_go_on():
+    """A WebArena-Lite task on a closed port (WA_REDDIT) fails at reset -> NaN; the demo episode still scores."""
+    reddit = 69  # answer-only reddit task
+    tasks = [{"id": "webarenalite.69", "gym_id": f"browsergym/webarenalite.{reddit}", "sites": ["reddit"]},
+             demo.tasks(1, first_seed=1)[0]]
+    envs = [make("webarena_lite", max_turns=3, web=CFG) for _ in tasks]
+    eng = ScriptedEngine([["unused"], [f'send_msg_to_user("{demo.code_of(1)}")']])
+    eps = run_episodes(eng, envs, tasks, [0, 1], AgentConfig(max_turns=3))
+    assert math.isnan(eps[0].ret) and eps[0].ended == "failed" and "ERR_CONNECTION_REFUSED" in eps[0].error
+    assert (eps[1].ret, eps[1].ended) == (1.0, "terminated")
+    assert SITES["reddit"].startswith("http://127.0.0.1:") and not _browsers()
+
+
+def test_sigterm_leaves_no_browser_behind(tmp_path):
+    code = ("import sys, time; sys.path.insert(0, %r)\n"
+            "from esopt_mp.envs import make; from esopt_mp.envs.web import demo; from esopt_mp.envs.web.config import WebConfig\n"
+            "e = make('webarena_lite', web=WebConfig(settle_s=0.0)); e.reset(demo.tasks(1)[0]); print('READY', flush=True)\n"
+            "time.sleep(120)\n") % os.getcwd()
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        kids = [c for c in psutil.Process(p.pid).children(recursive=True) if "chrom" in c.name().lower()]
+        assert kids, "the episode's browser is running"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == -signal.SIGTERM
+        gone, alive = psutil.wait_procs(kids, timeout=15)
+        assert not alive, f"browser processes outlived SIGTERM: {[k.pid for k in alive]}"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_step_past_its_time_limit_raises_and_closes():
+    """A browser step slower than env.web.step_timeout_s is a fault (the loop makes the return NaN)."""
+    e = make("webarena_lite", max_turns=4, web=CFG)
+    obs = e.reset(demo.tasks(1)[0])[0][-1]["content"]  # playwright's own timeout: 20 s
+    e.cfg = dataclasses.replace(CFG, step_timeout_s=1e-4)  # the wall-clock limit every real step exceeds
+    with pytest.raises(TimeoutError, match="env.web.step_timeout_s=0.0001"):
+        e.step(f'fill("{_bid(obs, "textbox", "Name")}", "Ada")')
+    assert e.gym is None and not _browsers()
+    with pytest.raises(Exception, match="Timeout 10ms exceeded"):  # a reset past playwright's timeout (its own error)
+        make("webarena_lite", web=WebConfig(settle_s=0.0, step_timeout_s=0.01)).reset(demo.tasks(1)[0])
+    assert not _browsers()

@@ -133,6 +133,8 @@ class DocVQAEnv:
 
     def run_bash(self, command: str):
         """One ``bash -c command`` in the sandbox, the page at /workspace/document.png (and ./document.png)."""
+        if self.task is None:
+            raise RuntimeError("run_bash() before reset(): there is no document yet")
         code = _RUNNER.format(cmd=command, tool=self._tool, tess=self.tesseract, ws=WORKSPACE,
                               alias=self.sandbox.level != "bwrap")
         return self.sandbox.run_python(code, files={DOC: os.path.join(self._dir, DOC)})

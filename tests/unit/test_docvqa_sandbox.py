@@ -30,17 +30,19 @@ def hermes(command: str) -> str:
     return '<tool_call>{"name": "bash", "arguments": {"command": "%s"}}</tool_call>' % command
 
 
-@pytest.fixture(scope="module", params=LEVELS)
-def env(request):
-    why = probe(request.param)
-    if why:
-        pytest.skip(f"level {request.param} unavailable for uid {os.getuid()}: {why}")
-    return make("docvqa", sandbox=Sandbox(LIMITS, level=request.param))
-
-
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
     return generate(24, str(tmp_path_factory.mktemp("docvqa")), seed=11)
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def env(request, docs):
+    why = probe(request.param)
+    if why:
+        pytest.skip(f"level {request.param} unavailable for uid {os.getuid()}: {why}")
+    e = make("docvqa", sandbox=Sandbox(LIMITS, level=request.param))
+    e.reset(docs[0])
+    return e
 
 
 def read_answer(ocr: str, task: dict) -> str:

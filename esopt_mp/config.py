@@ -19,6 +19,7 @@ from typing import Any
 from esopt_mp.es.perturber import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS
 from esopt_mp.es.shaping import SHAPINGS
+from esopt_mp.envs.docvqa_config import DocVQAConfig
 from esopt_mp.envs.sandbox.config import SandboxConfig
 
 
@@ -187,12 +188,15 @@ class EnvConfig:
     eval_temperature: float = 0.0
     task_seed: int = 0
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)  # code-running envs' isolation floor
+    docvqa: DocVQAConfig = dataclasses.field(default_factory=DocVQAConfig)  # docvqa: tesseract, generated documents
 
     def validate(self, key: str = "env") -> None:
         from esopt_mp.envs import registered
 
         try:
             self.sandbox.validate(f"{key}.sandbox")
+            if self.name == "docvqa":
+                self.docvqa.validate(f"{key}.docvqa")
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -405,6 +409,9 @@ class TrainConfig:
             d["env"].pop(k)
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
+        docvqa = d["env"].pop("docvqa")  # other environments keep their hash; paths are out
+        if self.env.name == "docvqa":
+            d["env"]["docvqa"] = {k: v for k, v in docvqa.items() if k not in ("tesseract", "gen_dir")}
         if self.env.train_path:
             from esopt_mp.data import resolve
 

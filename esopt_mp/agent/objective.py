@@ -22,7 +22,7 @@ from esopt_mp.envs import make
 from esopt_mp.envs.sandbox import Sandbox
 from esopt_mp.es.seeds import stream_seed
 
-CODE_ENVS = ("math_react", "heuristic")  # environments that run model-written code
+CODE_ENVS = ("math_react", "heuristic", "docvqa")  # environments that run model-written code
 
 
 def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
@@ -37,6 +37,12 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
 
         load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
         gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
+    elif cfg.name == "docvqa":
+        from esopt_mp.envs import docvqa as m
+        from esopt_mp.envs.docvqa_gen import generate
+
+        load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
+        gen = lambda n, s: generate(n, cfg.docvqa.generated_dir(), seed=s)  # noqa: E731
     else:
         from esopt_mp.envs import heuristic as m
 
@@ -45,7 +51,8 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
     train_path, eval_path = resolve(cfg.train_path), resolve(cfg.eval_path)  # "data:..." -> the shipped file
     train = load(train_path, cfg.n_train) if train_path and load else gen(cfg.n_train, cfg.task_seed)
     held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1)
-    key = lambda t: str(t.get("puzzle", t.get("question", t.get("seed"))))  # noqa: E731 - what makes a task
+    key = lambda t: str(t.get("puzzle", (t.get("image"), t.get("question")) if "image" in t  # noqa: E731
+                              else t.get("question", t.get("seed"))))  # what makes a task (docvqa: page + question)
     seen = {key(t) for t in train}
     held = [t for t in held if key(t) not in seen][: cfg.n_eval]
     if len(train) < cfg.episodes_per_step or not held:
@@ -80,6 +87,7 @@ class AgentObjective:
     def play(self, tasks, seeds, cfg, **tags) -> list:
         """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file."""
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
+        extra = {"docvqa": self.cfg.docvqa} if self.cfg.name == "docvqa" else extra
         envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
         eps = run_episodes(self.engine, envs, tasks, seeds, cfg, self.dims)
         if self.traj_path:

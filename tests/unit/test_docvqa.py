@@ -90,3 +90,17 @@ def test_make_docvqa_is_registered():
     from esopt_mp.envs import registered
 
     assert "docvqa" in registered()
+
+
+def test_config_section_validated_with_the_key_named():
+    from esopt_mp.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=r"env\.docvqa\.observation_chars: must be >= 1"):
+        build_config({"env": {"name": "docvqa", "docvqa": {"observation_chars": 0}}})
+    with pytest.raises(ConfigError, match=r"env\.docvqa\.tesseract: '/nonexistent/tesseract' not found"):
+        build_config({"env": {"name": "docvqa", "docvqa": {"tesseract": "/nonexistent/tesseract"}}})
+    with pytest.raises(ConfigError, match=r"unknown config key 'env\.docvqa\.ocr'"):
+        build_config({"env": {"name": "docvqa", "docvqa": {"ocr": "x"}}})
+    # only the docvqa environment checks its section (no tesseract needed elsewhere), and other envs' hashes ignore it
+    a = build_config({"env": {"docvqa": {"tesseract": "/nonexistent/tesseract"}}})
+    assert a.hash(None) == build_config({}).hash(None)

@@ -18,7 +18,7 @@ from esopt_mp.envs.sandbox import LEVELS, Sandbox, SandboxLimits, probe
 
 pytestmark = pytest.mark.skipif(shutil.which("tesseract") is None,
                                 reason="tesseract not installed (apt-get install tesseract-ocr fonts-dejavu-core)")
-LIMITS = SandboxLimits(wall_s=6, cpu_s=6, memory_mb=1024, nproc=16, fsize_mb=4, total_mb=64, output_bytes=8192)
+LIMITS = SandboxLimits(wall_s=6, cpu_s=3, memory_mb=1024, nproc=16, fsize_mb=4, total_mb=64, output_bytes=8192)
 OCR = "tesseract --psm 6 /workspace/document.png - 2>/dev/null"
 
 
@@ -32,7 +32,7 @@ def hermes(command: str) -> str:
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
-    return generate(24, str(tmp_path_factory.mktemp("docvqa")), seed=11)
+    return generate(16, str(tmp_path_factory.mktemp("docvqa")), seed=11)
 
 
 @pytest.fixture(scope="module", params=LEVELS)

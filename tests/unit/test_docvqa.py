@@ -104,3 +104,25 @@ def test_config_section_validated_with_the_key_named():
     # only the docvqa environment checks its section (no tesseract needed elsewhere), and other envs' hashes ignore it
     a = build_config({"env": {"docvqa": {"tesseract": "/nonexistent/tesseract"}}})
     assert a.hash(None) == build_config({}).hash(None)
+
+
+@pytest.mark.skipif(__import__("shutil").which("tesseract") is None,
+                    reason="tesseract not installed (apt-get install tesseract-ocr fonts-dejavu-core)")
+def test_docvqa_4b_profile_has_the_paper_values_and_generates_tasks(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from esopt_mp.agent.objective import load_tasks
+    from esopt_mp.config import build_config
+
+    configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+    with initialize_config_dir(config_dir=configs, version_base="1.3"):
+        raw = compose("config", overrides=["+experiment=docvqa_4b", "env.n_train=8", "env.n_eval=4",
+                                           "env.episodes_per_step=4", f"env.docvqa.gen_dir={tmp_path}"])
+    cfg = build_config(OmegaConf.to_container(raw, resolve=True), 1)
+    e = cfg.engine
+    assert (cfg.env.name, cfg.env.max_turns, cfg.env.eval_repeats) == ("docvqa", 50, 4)
+    assert (e.temperature, e.top_k, e.presence_penalty, e.max_new_tokens, e.max_model_len) == (1.0, 40, 2.0, 512, 32768)
+    train, held = load_tasks(cfg.env)
+    assert len(train) == 8 and len(held) == 4 and all(os.path.dirname(t["image"]) == str(tmp_path) for t in train)
+    assert not {t["image"] for t in train} & {t["image"] for t in held}

@@ -3,7 +3,9 @@
 The agent never sees pixels: the page is ``/workspace/document.png`` (read-only) in the sandbox, and its ``bash``
 calls (Qwen3.5 XML or Hermes JSON, parsed as math_react parses ``python``) run there with the sandbox's limits and
 no network, with the system's ``tesseract`` and ``imgtool`` (crop / scale / threshold, Pillow) to zoom before OCR.
-Each call starts from a fresh workspace holding only the document (chain steps with ``&&`` in one call).
+Each call starts from a fresh workspace holding only the document (chain steps with ``&&`` in one call). Under
+bwrap ``/workspace`` is the call's private /tmp; at the Landlock levels (no mount namespace) the literal path
+``/workspace`` in a command is rewritten to the call's scratch directory, which is also ``$WORKSPACE`` and the cwd.
 Protocol: a final answer before any tool observation is rejected (the episode goes on); the last ``Final answer:``
 / ``Answer:`` line counts; the reward is its ANLS against the accepted answers; no tool use or no final answer
 scores 0. Tasks: JSONL ``{id, question, answers, image}`` (public DocVQA; ``questionId`` is read as ``id``), or
@@ -97,6 +99,8 @@ class DocVQAEnv:
             raise FileNotFoundError(f"task {task.get('id')}: image {task['image']} does not exist")
         self.task, self.turn, self.observed = task, 0, False
         page = os.path.join(self._dir, DOC)
+        if os.path.exists(page):
+            os.remove(page)  # the last episode's read-only copy
         shutil.copyfile(task["image"], page)
         os.chmod(page, 0o444)
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}], {

@@ -23,7 +23,8 @@ OCR = "tesseract --psm 6 /workspace/document.png - 2>/dev/null"
 
 
 def call(command: str) -> str:
-    return f"Let me look.\n<tool_call>\n<function=bash>\n<parameter=command>\n{command}\n</parameter>\n</function>\n</tool_call>"
+    return (f"Let me look.\n<tool_call>\n<function=bash>\n<parameter=command>\n{command}\n</parameter>\n"
+            "</function>\n</tool_call>")
 
 
 def hermes(command: str) -> str:
@@ -110,7 +111,7 @@ def test_hermes_calls_zoom_tools_and_read_only_page(env, docs):
     assert title and title in msgs[0]["content"], msgs[0]["content"]
     page = os.path.join(env._dir, "document.png")
     before = open(page, "rb").read()
-    r = env.run_bash("echo x > /workspace/document.png; echo y > document.png; chmod u+w document.png; rm -f document.png")
+    env.run_bash("echo x > /workspace/document.png; echo y > document.png; chmod u+w document.png; rm -f document.png")
     assert open(page, "rb").read() == before  # the page cannot be overwritten (at most a call unlinks its own view)
     assert env.run_bash("ls document.png").stdout == "document.png\n"
     assert env.run_bash("ls /workspace/top.png").error  # each call starts from a fresh workspace
@@ -173,7 +174,8 @@ def test_bash_background_job_does_not_outlive_the_call(env):
     os.chmod(shared, 0o777)
     try:
         t = time.monotonic()
-        r = env.run_bash(f"(setsid nohup sleep 2.{tag[:3]} >/dev/null 2>&1; touch {shared}/late) & disown; echo started")
+        r = env.run_bash(f"(setsid nohup sleep 2.{tag[:3]} >/dev/null 2>&1; touch {shared}/late) & disown; "
+                         "echo started")
         assert r.stdout == "started\n" and time.monotonic() - t < LIMITS.wall_s
         time.sleep(2.8)
         assert not os.path.exists(os.path.join(shared, "late"))

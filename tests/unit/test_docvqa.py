@@ -126,3 +126,26 @@ def test_docvqa_4b_profile_has_the_paper_values_and_generates_tasks(tmp_path):
     train, held = load_tasks(cfg.env)
     assert len(train) == 8 and len(held) == 4 and all(os.path.dirname(t["image"]) == str(tmp_path) for t in train)
     assert not {t["image"] for t in train} & {t["image"] for t in held}
+
+
+def test_envs_never_import_agent_models_engine_or_parallel():
+    """The dependency rule: tool-call parsing lives in envs/toolcalls.py, the agent re-exports it."""
+    import ast
+
+    import esopt_mp.envs
+
+    root = os.path.dirname(esopt_mp.envs.__file__)
+    bad = []
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py"):
+                tree = ast.parse(open(os.path.join(d, f)).read())
+                mods = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+                mods += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+                bad += [(f, m) for m in mods if m.split(".")[:2] in (["esopt_mp", "agent"], ["esopt_mp", "models"],
+                                                                     ["esopt_mp", "engine"], ["esopt_mp", "parallel"])]
+    assert not bad
+    from esopt_mp.agent.parsers import build_parser
+    from esopt_mp.envs.toolcalls import build_parser as envs_build_parser
+
+    assert build_parser is envs_build_parser

@@ -19,6 +19,7 @@ from typing import Any
 from esopt_mp.es.perturber import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS
 from esopt_mp.es.shaping import SHAPINGS
+from esopt_mp.envs.docvqa_config import DocVQAConfig
 from esopt_mp.envs.sandbox.config import SandboxConfig
 from esopt_mp.envs.web.config import WebConfig
 
@@ -189,6 +190,7 @@ class EnvConfig:
     task_seed: int = 0
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)  # code-running envs' isolation floor
     web: WebConfig = dataclasses.field(default_factory=WebConfig)  # webarena_lite: browser, budgets, task set
+    docvqa: DocVQAConfig = dataclasses.field(default_factory=DocVQAConfig)  # docvqa: tesseract, generated documents
 
     def validate(self, key: str = "env") -> None:
         from esopt_mp.envs import registered
@@ -196,6 +198,8 @@ class EnvConfig:
         try:
             self.sandbox.validate(f"{key}.sandbox")
             self.web.validate(f"{key}.web")
+            if self.name == "docvqa":
+                self.docvqa.validate(f"{key}.docvqa")
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -413,6 +417,9 @@ class TrainConfig:
             for k in ("chromium", "browsers_path", "nltk_data", "max_browsers", "preflight_timeout_s"):  # browsers
                 web.pop(k)
             d["env"]["web"] = web
+        docvqa = d["env"].pop("docvqa")  # other environments keep their hash; paths are out
+        if self.env.name == "docvqa":
+            d["env"]["docvqa"] = {k: v for k, v in docvqa.items() if k not in ("tesseract", "gen_dir")}
         if self.env.train_path:
             from esopt_mp.data import resolve
 

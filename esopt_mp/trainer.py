@@ -137,8 +137,11 @@ class ESTrainer:
         return self.dims.comm.stats - self._comm0
 
     def evaluate(self) -> float:
-        """Held-out return with the unperturbed weights (sigma = 0)."""
-        return self.objective.evaluate(self.model, None)
+        """Held-out return with the unperturbed weights (sigma = 0); agent objectives' Mean@k/Pass@k to metrics."""
+        score = self.objective.evaluate(self.model, None)
+        if getattr(self.objective, "last_eval", None):
+            self.metrics.write({"eval_detail": self.objective.last_eval})
+        return score
 
     def step(self, t: int) -> dict:
         es, dims = self.cfg.es, self.dims

@@ -3,10 +3,10 @@
 Every member of a step plays the same tasks (common random numbers, drawn from
 the run's ``tasks`` stream); token sampling uses the ``episode`` stream. The TP
 leader of each dp group plays the episodes; its peers join the forward passes.
-Held-out evaluation plays every eval task ``eval_repeats`` times with the
-unperturbed weights, spread over the dp groups (task i on group i % dp); one
-all-reduce of (sum, count) gives every rank the mean that one group playing
-all of them would get.
+Held-out evaluation plays every eval task ``eval_repeats`` (k) times with the
+unperturbed weights, spread over the dp groups, each sample seeded by (round,
+question, sample); all-reduces give every rank the Mean@k (mean return) and
+Pass@k (per question the best of k) that one group playing all would get.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from esopt_mp.envs import make
 from esopt_mp.envs.sandbox import Sandbox
 from esopt_mp.es.seeds import stream_seed
 
-CODE_ENVS = ("math_react", "heuristic")  # environments that run model-written code
+CODE_ENVS = ("math_react", "heuristic", "docvqa")  # environments that run model-written code
 
 
 def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
@@ -41,6 +41,12 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
 
         load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
         gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
+    elif cfg.name == "docvqa":
+        from esopt_mp.envs import docvqa as m
+        from esopt_mp.envs.docvqa_gen import generate
+
+        load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
+        gen = lambda n, s: generate(n, cfg.docvqa.generated_dir(), seed=s)  # noqa: E731
     else:
         from esopt_mp.envs import heuristic as m
 
@@ -49,7 +55,8 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
     train_path, eval_path = resolve(cfg.train_path), resolve(cfg.eval_path)  # "data:..." -> the shipped file
     train = load(train_path, cfg.n_train) if train_path and load else gen(cfg.n_train, cfg.task_seed)
     held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1)
-    key = lambda t: str(t.get("puzzle", t.get("question", t.get("seed"))))  # noqa: E731 - what makes a task
+    key = lambda t: str(t.get("puzzle", (t.get("image"), t.get("question")) if "image" in t  # noqa: E731
+                              else t.get("question", t.get("seed"))))  # what makes a task (docvqa: page + question)
     seen = {key(t) for t in train}
     held = [t for t in held if key(t) not in seen][: cfg.n_eval]
     if len(train) < cfg.episodes_per_step or not held:
@@ -75,6 +82,7 @@ class AgentObjective:
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         self.eval_round = 0
         self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
+        self.last_eval: dict = {}  # the last held-out evaluation: Mean@k, Pass@k, thresholded accuracy
 
     def _play(self, tasks, seeds, cfg, **tags) -> tuple[float, int]:
         """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
@@ -91,6 +99,8 @@ class AgentObjective:
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
         if self.cfg.name == "webarena_lite":
             extra = {"web": self.cfg.web}
+        elif self.cfg.name == "docvqa":
+            extra = {"docvqa": self.cfg.docvqa}
         envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
         # environments holding a browser each play at most env.web.max_browsers episodes at a time
         group = self._group(len(tasks))
@@ -124,12 +134,31 @@ class AgentObjective:
         return total / n if n else math.nan
 
     def _held_out(self) -> float:
-        """Mean held-out return on every rank: dp group g plays tasks g, g + dp, ...; one all-reduce sums."""
-        r = self.eval_round
+        """Mean@k on every rank (k = ``eval_repeats`` samples per held-out question); Pass@k in ``last_eval``.
+
+        Sample s of question q is seeded by (round, q, s), whichever dp group plays it: group g plays the
+        episodes g, g + dp, ... of the question-major list. Two all-reduces: (sum, count) and, per question, the
+        best return (Pass@k: the mean over questions of the best of k).
+        """
+        r, k, n = self.eval_round, self.cfg.eval_repeats, len(self.eval_tasks)
         self.eval_round += 1
-        tasks = self.eval_tasks * self.cfg.eval_repeats
-        mine = range(self.dims.dp_rank, len(tasks), self.dims.dp)
-        seeds = [stream_seed(self.run_seed, "eval", r, e) for e in mine]
-        total, n = self._play([tasks[e] for e in mine], seeds, self.eval_cfg, kind="eval", round=r)
-        total, n = self.dims.comm.all_reduce(torch.tensor([total, n], dtype=torch.float64), "sum", "world").tolist()
-        return total / n if n else math.nan
+        mine = list(range(self.dims.dp_rank, n * k, self.dims.dp))
+        seeds = [stream_seed(self.run_seed, "eval", r, e // k, e % k) for e in mine]
+        if self.dims.is_tp_leader:
+            eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, kind="eval", round=r)
+            rets = [(e // k, ep.ret) for e, ep in zip(mine, eps) if not math.isnan(ep.ret)]
+        else:
+            follow_episodes(self.engine, self.eval_cfg, self.dims)
+            rets = []
+        best = torch.full((n,), -math.inf, dtype=torch.float64)
+        for q, ret in rets:
+            best[q] = max(best[q].item(), ret)
+        stats = torch.tensor([sum(x for _, x in rets), len(rets), sum(x > 0.5 for _, x in rets)], dtype=torch.float64)
+        total, count, above = self.dims.comm.all_reduce(stats, "sum", "world").tolist()
+        best = self.dims.comm.all_reduce(best, "max", "world")
+        played = best[best > -math.inf]
+        mean = total / count if count else math.nan
+        self.last_eval = {"k": k, "questions": n, f"mean@{k}": mean,
+                          f"pass@{k}": played.mean().item() if len(played) else math.nan,
+                          "above_half": above / count if count else math.nan}  # thresholded accuracy (ANLS > 0.5)
+        return mean

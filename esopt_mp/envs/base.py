@@ -60,6 +60,7 @@ def registered() -> list[str]:
 
 
 def _load_builtin() -> None:
+    import esopt_mp.envs.docvqa  # noqa: F401
     import esopt_mp.envs.heuristic  # noqa: F401
     import esopt_mp.envs.math_react  # noqa: F401
     import esopt_mp.envs.sudoku  # noqa: F401

@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from esopt_mp.agent.parsers import build_parser
+from esopt_mp.envs.toolcalls import build_parser
 from esopt_mp.envs.base import register
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 

@@ -12,7 +12,7 @@ import json
 import random
 import re
 
-from esopt_mp.agent.parsers import build_parser
+from esopt_mp.envs.toolcalls import build_parser
 from esopt_mp.envs.base import register
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 

@@ -49,7 +49,7 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
       episode; shared by the TP ranks of the group that plays it (they sample
       identical tokens from identical gathered logits), distinct across members
       and episodes, independent of batch composition.
-    - ``eval`` (round, episode): sampling seeds of held-out evaluation.
+    - ``eval`` (round, question, sample): sampling seeds of held-out evaluation (Mean@k / Pass@k).
     """
     tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3}
     if stream not in tags:

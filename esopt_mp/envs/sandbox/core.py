@@ -38,6 +38,7 @@ _COUNTER = itertools.count()
 _PROBE = "import numpy, os, socket\nopen('probe', 'w').write('x')\nprint('ok', os.getuid())"
 _LOCK = threading.Lock()
 _DETECTED: dict[tuple, dict[str, str | None]] = {}
+WORKSPACE = "/workspace"  # under bwrap, a call given ``files`` also sees its working directory here
 
 
 def _ro_paths() -> list[str]:
@@ -51,7 +52,7 @@ def _ro_paths() -> list[str]:
     return out
 
 
-def _bwrap(root: bool, limits: SandboxLimits) -> list[str]:
+def _bwrap(root: bool, limits: SandboxLimits, files: dict[str, str] | None = None) -> list[str]:
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-net",
            "--unshare-uts", "--unshare-cgroup-try", "--proc", "/proc", "--dev", "/dev",
            "--size", str(limits.total_mb << 20), "--perms", "1777", "--tmpfs", "/tmp", "--clearenv",
@@ -74,6 +75,10 @@ def _bwrap(root: bool, limits: SandboxLimits) -> list[str]:
         for d in reversed(chain):
             cmd += ["--perms", "0755", "--dir", d]
         cmd += ["--ro-bind", p, p]
+    for name, host in (files or {}).items():  # read-only inputs in the private /tmp, also reachable as WORKSPACE
+        cmd += ["--ro-bind", host, f"/tmp/{name}"]
+    if files:
+        cmd += ["--symlink", "/tmp", WORKSPACE]
     return cmd + ["--remount-ro", "/"]
 
 
@@ -109,27 +114,34 @@ class Sandbox:
         return f"blocks {base}; {extra[self.level]}" + ("; per-call uid" if self.root else "")
 
     # -- launching ---------------------------------------------------------------------------------------------
-    def _launch(self, code: str, session: bool, level: str | None = None) -> tuple[Running | None, str | None]:
+    def _launch(self, code: str, session: bool, level: str | None = None,
+                files: dict[str, str] | None = None) -> tuple[Running | None, str | None]:
         level, lim = level or self.level, self.limits
+        files = {n: os.path.realpath(h) for n, h in (files or {}).items()}
+        if any("/" in n or n in ("", ".", "..") for n in files):
+            return None, f"sandbox input names must be plain file names, got {sorted(files)}"
         uid = UID_BASE + ((os.getpid() << 8) | (next(_COUNTER) & 0xFF)) if self.root else None
         scratch = None
         if level != "bwrap":
             scratch = tempfile.mkdtemp(prefix="esopt_sbx_")  # 0700
             if uid is not None:
                 os.chown(scratch, uid, uid)
+            for name, host in files.items():  # a link to the input; Landlock lets the code only read its directory
+                os.symlink(host, os.path.join(scratch, name))
         cwd = "/tmp" if level == "bwrap" else scratch
         plan = {"rlimits": {"RLIMIT_CPU": lim.cpu_s, "RLIMIT_AS": lim.memory_mb << 20, "RLIMIT_CORE": 0,
                             "RLIMIT_FSIZE": lim.fsize_mb << 20, "RLIMIT_NOFILE": lim.nofile},
                 "nproc": lim.nproc, "nproc_relative": level == "rlimit" and not self.root, "uid": uid, "cwd": cwd,
                 "supervise": level == "rlimit", "seccomp": level != "bwrap", "own_cwd": level == "bwrap",
-                "landlock": None if level == "bwrap" else {"ro": _ro_paths(), "rw": [scratch],
+                "landlock": None if level == "bwrap" else {"ro": _ro_paths() + sorted({os.path.dirname(h) for h in
+                                                                                      files.values()}), "rw": [scratch],
                                                            "dev_rw": ["/dev/null", "/dev/zero", "/dev/urandom"],
                                                            "need_scope": level == "rlimit" and not self.root}}
         rfd, wfd = os.pipe()
         plan["code_fd"] = rfd
         py = [os.path.realpath(sys.executable), "-I", "-c", CHILD, json.dumps(plan)]
         if level == "bwrap":
-            cmd = _bwrap(self.root, lim) + py
+            cmd = _bwrap(self.root, lim, files) + py
         elif level == "unshare":
             ns = ["--net", "--pid", "--fork", "--kill-child"]
             cmd = ["unshare"] + ([] if self.root else ["--user", "--map-current-user"]) + ns + py
@@ -151,9 +163,14 @@ class Sandbox:
         run.scratch = scratch
         return run, None
 
-    def run_python(self, code: str, stdin: str = "", level: str | None = None) -> SandboxResult:
-        """Run ``code`` to completion; never raises for anything the code does."""
-        run, err = self._launch(code, session=False, level=level)
+    def run_python(self, code: str, stdin: str = "", level: str | None = None,
+                   files: dict[str, str] | None = None) -> SandboxResult:
+        """Run ``code`` to completion; never raises for anything the code does.
+
+        ``files`` ({name: host path}): read-only inputs that appear as ``name`` in the working directory (the host
+        file's directory becomes readable to the code at the Landlock levels: give each input a private directory).
+        """
+        run, err = self._launch(code, session=False, level=level, files=files)
         if run is None:
             return SandboxResult("", "", None, 0.0, err)
         try:

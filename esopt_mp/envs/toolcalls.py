@@ -1,0 +1,89 @@
+"""Tool-call parsers, pluggable: Qwen3.5's XML format and Hermes-style JSON (shared by the envs and the agent).
+
+Qwen3.5 (XML)::
+
+    <tool_call>
+    <function=python>
+    <parameter=code>
+    print(1 + 1)
+    </parameter>
+    </function>
+    </tool_call>
+
+Hermes (JSON)::
+
+    <tool_call>{"name": "python", "arguments": {"code": "print(1 + 1)"}}</tool_call>
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+
+@dataclasses.dataclass
+class ToolCall:
+    name: str
+    arguments: dict
+    error: str | None = None  # set when the call was recognised but malformed
+
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_FUNC = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
+_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
+
+
+class QwenXMLParser:
+    name = "qwen_xml"
+
+    def parse(self, text: str) -> list[ToolCall]:
+        calls = []
+        for block in _BLOCK.findall(text):
+            for fname, body in _FUNC.findall(block):
+                calls.append(ToolCall(fname, {k: v for k, v in _PARAM.findall(body)}))
+        return calls
+
+
+class HermesJSONParser:
+    name = "hermes"
+
+    def parse(self, text: str) -> list[ToolCall]:
+        calls = []
+        for block in _BLOCK.findall(text):
+            block = block.strip()
+            if not block.startswith("{"):
+                continue
+            try:
+                obj = json.loads(block)
+                args = obj.get("arguments", {})
+                if isinstance(args, str):
+                    args = json.loads(args)
+                calls.append(ToolCall(str(obj["name"]), dict(args)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                calls.append(ToolCall("", {}, error=f"malformed JSON tool call: {e}"))
+        return calls
+
+
+class AnyParser:
+    """Tries each parser in turn; the first that finds calls wins."""
+
+    name = "any"
+
+    def __init__(self, parsers=None):
+        self.parsers = parsers or [QwenXMLParser(), HermesJSONParser()]
+
+    def parse(self, text: str) -> list[ToolCall]:
+        for p in self.parsers:
+            calls = p.parse(text)
+            if calls:
+                return calls
+        return []
+
+
+PARSERS = {"qwen_xml": QwenXMLParser, "hermes": HermesJSONParser, "any": AnyParser}
+
+
+def build_parser(name: str = "any"):
+    if name not in PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {sorted(PARSERS)}")
+    return PARSERS[name]()

@@ -186,6 +186,7 @@ class EnvConfig:
     eval_repeats: int = 1
     eval_temperature: float = 0.0
     task_seed: int = 0
+    problem: str = "bpp_online"  # heuristic: the design problem (esopt_mp.envs.ahd.known())
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)  # code-running envs' isolation floor
 
     def validate(self, key: str = "env") -> None:
@@ -197,6 +198,9 @@ class EnvConfig:
             raise ConfigError(str(e)) from None
 
         _check(self.name in registered(), f"{key}.name", f"unknown environment {self.name!r}; known: {registered()}")
+        from esopt_mp.envs.ahd import known
+
+        _check(self.problem in known(), f"{key}.problem", f"unknown heuristic-design problem {self.problem!r}; known: {known()}")
         for k in ("max_turns", "n_train", "n_eval", "episodes_per_step", "eval_repeats"):
             _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
         _check(self.episodes_per_step <= self.n_train, f"{key}.episodes_per_step",

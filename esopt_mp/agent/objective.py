@@ -38,13 +38,14 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
         load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
         gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
     else:
-        from esopt_mp.envs import heuristic as m
+        from esopt_mp.envs import ahd
 
-        load = None
-        gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
+        load = None  # the problem's train split for training, its val split held out (bpp_online: generated)
+        gen = lambda n, s, split="train": ahd.generate_tasks(cfg.problem, n, seed=s, split=split)  # noqa: E731
     train_path, eval_path = resolve(cfg.train_path), resolve(cfg.eval_path)  # "data:..." -> the shipped file
     train = load(train_path, cfg.n_train) if train_path and load else gen(cfg.n_train, cfg.task_seed)
-    held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1)
+    held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1,
+                                                                      **({"split": "val"} if load is None else {}))
     key = lambda t: str(t.get("puzzle", t.get("question", t.get("seed"))))  # noqa: E731 - what makes a task
     seen = {key(t) for t in train}
     held = [t for t in held if key(t) not in seen][: cfg.n_eval]
@@ -80,6 +81,7 @@ class AgentObjective:
     def play(self, tasks, seeds, cfg, **tags) -> list:
         """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file."""
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
+        extra = {"problem": self.cfg.problem} if self.cfg.name == "heuristic" else extra
         envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
         eps = run_episodes(self.engine, envs, tasks, seeds, cfg, self.dims)
         if self.traj_path:

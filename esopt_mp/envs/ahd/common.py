@@ -19,7 +19,7 @@ import yaml
 from esopt_mp.data import data_path
 from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
 
-_SPLIT_FILE = re.compile(r"^(train|val|test)(\d+)_dataset\.npz?$")
+_SPLIT_FILE = re.compile(r"^(train|val|test)(\d+)_dataset\.(npy|npz)$")
 
 # Run in the untrusted process: the code's own prints go to stderr, replies go to a private copy of stdout.
 PRELUDE = r'''

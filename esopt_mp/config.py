@@ -407,6 +407,8 @@ class TrainConfig:
             tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
         for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
             d["env"].pop(k)
+        if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash
+            d["env"].pop("problem")
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
         if self.env.train_path:

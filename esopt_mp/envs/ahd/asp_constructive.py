@@ -91,9 +91,10 @@ class ASPConstructive(Problem):
         for n, w in instances:
             codes = candidates(n, w)
             batch = call.calls([[{"t": list(vector(c))}, n, w] for c in codes])
-            scores = np.array([b.reshape(-1)[0] if b.size == 1 else np.nan for b in batch])
-            if np.isnan(scores).any():
-                raise Failure("priority must return one number per vector")
+            wrong = next((b.shape for b in batch if b.size != 1), None)
+            if wrong is not None:
+                raise Failure(f"priority returned shape {wrong}, expected one number per vector")
+            scores = np.array([b.reshape(-1)[0] for b in batch])
             admissible = expand(greedy(codes, scores))
             sizes.append(len(admissible))
             details = {"set": admissible}

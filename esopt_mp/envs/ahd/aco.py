@@ -128,8 +128,6 @@ def bpp(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.random.Gener
             best, best_bins = int(n_bins[i]), bin_of[i].copy()
         delta = np.zeros((n, n))
         for a in range(n_ants):
-            onehot = np.zeros((n, n_bins[a]))
-            onehot[np.arange(n), bin_of[a]] = 1.0
-            delta += (onehot @ onehot.T) * (fitness[a] / n_ants)
+            delta += (bin_of[a][:, None] == bin_of[a][None, :]) * (fitness[a] / n_ants)
         pher = pher * decay + delta
     return best, best_bins

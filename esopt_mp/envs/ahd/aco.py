@@ -113,7 +113,8 @@ def bpp(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.random.Gener
             vacancy[full], count[full], row_sum[full] = capacity, 0, 0.0
             fits[full] = left[full]
             opening = count == 0
-            weights = np.where(opening[:, None], fits.astype(float), (row_sum / np.maximum(count, 1)[:, None] + 1e-5) * fits)
+            mean_row = row_sum / np.maximum(count, 1)[:, None]  # the open bin's items' mean attraction
+            weights = np.where(opening[:, None], fits.astype(float), (mean_row + 1e-5) * fits)
             item = _sample(weights, rng)
             bin_of[ants, item] = n_bins - 1
             vacancy -= demand[item]

@@ -70,7 +70,7 @@ class ASPConstructive(Problem):
     sense = "max"
     objective_key = "size"
     per_task = 1
-    n, w = 15, 10
+    n = 15  # the paper's evaluator: I(15, 10); w is the yaml's problem_size
 
     def __init__(self):
         super().__init__()

@@ -150,3 +150,13 @@ def test_env_plays_a_problem_by_config(sb):
     assert done and info["error"] is None and ret == -info["length"] == info["best_score"]
     with pytest.raises(ValueError, match="env.problem='tsp_constructive'"):
         env.reset(ahd.generate_tasks("kp_constructive", 1)[0])
+
+
+@pytest.mark.parametrize("problem", ["asp_constructive", "tsp_aco"])
+def test_the_problems_own_limits_carry_a_full_answer(problem):
+    """The env's sandbox (the problem's default limits) fits the largest replies: 2432 priorities, a 50 x 50 matrix."""
+    env = make("heuristic", max_turns=1, problem=problem)
+    env.reset(ahd.generate_tasks(problem, 1)[0])
+    _, ret, _, _, info = env.step(f"```python\n{ahd.get(problem).reference()}```")
+    prob = ahd.get(problem)
+    assert info["error"] is None and ret == info["score"] > prob.to_score(prob.fail_objective(env.instances))

@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 
 from esopt_mp.envs.ahd.common import Caller, Failure, Problem
+from esopt_mp.envs.sandbox import SandboxLimits
 
 TRIPLES = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 2), (0, 2, 1), (1, 1, 1), (2, 2, 2)]
 WEIGHT = np.array([0, 1, 1, 2, 2, 3, 3])
@@ -70,6 +71,7 @@ class ASPConstructive(Problem):
     sense = "max"
     objective_key = "size"
     per_task = 1
+    limits = SandboxLimits(wall_s=60, cpu_s=60, output_bytes=1 << 20)  # one reply: 2432 priorities, ~54 kB
     n = 15  # the paper's evaluator: I(15, 10); w is the yaml's problem_size
 
     def __init__(self):

@@ -188,6 +188,7 @@ class EnvConfig:
     eval_repeats: int = 1
     eval_temperature: float = 0.0
     task_seed: int = 0
+    problem: str = "bpp_online"  # heuristic: the design problem (esopt_mp.envs.ahd.known())
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)  # code-running envs' isolation floor
     web: WebConfig = dataclasses.field(default_factory=WebConfig)  # webarena_lite: browser, budgets, task set
     docvqa: DocVQAConfig = dataclasses.field(default_factory=DocVQAConfig)  # docvqa: tesseract, generated documents
@@ -204,6 +205,9 @@ class EnvConfig:
             raise ConfigError(str(e)) from None
 
         _check(self.name in registered(), f"{key}.name", f"unknown environment {self.name!r}; known: {registered()}")
+        from esopt_mp.envs.ahd import known
+
+        _check(self.problem in known(), f"{key}.problem", f"unknown heuristic-design problem {self.problem!r}; known: {known()}")
         for k in ("max_turns", "n_train", "n_eval", "episodes_per_step", "eval_repeats"):
             _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
         _check(self.episodes_per_step <= self.n_train, f"{key}.episodes_per_step",
@@ -410,6 +414,8 @@ class TrainConfig:
             tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
         for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
             d["env"].pop(k)
+        if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash
+            d["env"].pop("problem")
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
         web = d["env"].pop("web")  # webarena_lite's section; other environments keep the hash they had without it

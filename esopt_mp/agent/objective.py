@@ -48,13 +48,14 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
         load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
         gen = lambda n, s: generate(n, cfg.docvqa.generated_dir(), seed=s)  # noqa: E731
     else:
-        from esopt_mp.envs import heuristic as m
+        from esopt_mp.envs import ahd
 
-        load = None
-        gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
+        load = None  # the problem's train split for training, its val split held out (bpp_online: generated)
+        gen = lambda n, s, split="train": ahd.generate_tasks(cfg.problem, n, seed=s, split=split)  # noqa: E731
     train_path, eval_path = resolve(cfg.train_path), resolve(cfg.eval_path)  # "data:..." -> the shipped file
     train = load(train_path, cfg.n_train) if train_path and load else gen(cfg.n_train, cfg.task_seed)
-    held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1)
+    held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1,
+                                                                      **({"split": "val"} if load is None else {}))
     key = lambda t: str(t.get("puzzle", (t.get("image"), t.get("question")) if "image" in t  # noqa: E731
                               else t.get("question", t.get("seed"))))  # what makes a task (docvqa: page + question)
     seen = {key(t) for t in train}
@@ -101,6 +102,8 @@ class AgentObjective:
             extra = {"web": self.cfg.web}
         elif self.cfg.name == "docvqa":
             extra = {"docvqa": self.cfg.docvqa}
+        elif self.cfg.name == "heuristic":
+            extra = {"problem": self.cfg.problem}
         envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
         # environments holding a browser each play at most env.web.max_browsers episodes at a time
         group = self._group(len(tasks))

@@ -1,4 +1,7 @@
-"""Automatic heuristic design: online bin packing as in EoH.
+"""Automatic heuristic design: the ``heuristic`` environment, and online bin packing as in EoH.
+
+The environment plays any problem of :mod:`esopt_mp.envs.ahd` (``env.problem``); this module also holds the
+online bin-packing evaluator, the default problem:
 
 The agent writes ``score(item, bins) -> priorities`` (numpy); an item goes to
 the feasible bin of highest priority. Instances are Weibull(k=3, lambda=45)
@@ -135,34 +138,55 @@ def generate(n: int, seed: int = 0, n_instances: int = 5, n_items: int = 500) ->
 
 
 @register("heuristic")
-class BinPackingEnv:
+class HeuristicEnv:
+    """Heuristic design on one problem of :mod:`esopt_mp.envs.ahd` (``env.problem``; online bin packing by default).
+
+    The reply's last code block is evaluated in the sandbox on the task's instances; the episode's return is the
+    best score of its turns (higher is better: -gap, -length, -cost, +value, +size).
+    """
+
     name = "heuristic"
 
     def __init__(self, max_turns: int = 2, parser: str = "any", sandbox: Sandbox | SandboxConfig | None = None,
-                 limits: SandboxLimits | None = None):
+                 limits: SandboxLimits | None = None, problem: str = "bpp_online"):
+        from esopt_mp.envs import ahd
+
         self.max_turns = max_turns
         self.parser = build_parser(parser)
-        # a ready Sandbox, or this environment's sub-config (``env.sandbox``) applied over its own default limits
+        self.problem = ahd.get(problem)  # ValueError naming env.problem and the known problems
+        # a ready Sandbox, or this environment's sub-config (``env.sandbox``) applied over the problem's limits
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox.from_config(
-            sandbox, limits or SandboxLimits(wall_s=30, cpu_s=30))
+            sandbox, limits or self.problem.limits)
         self.task = None
 
     def reset(self, task: dict):
-        self.task, self.turn, self.best = task, 0, FAIL_GAP
-        self.instances = weibull_instances(task["seed"], task.get("n_instances", 5), task.get("n_items", 500))
-        prompt = f"Baseline heuristic:\n```python\n{SEED_HEURISTIC}```\nImprove on it."
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}], {"id": task.get("id")}
+        if task.get("problem", self.problem.name) != self.problem.name:
+            raise ValueError(f"task {task.get('id')} is for problem {task['problem']!r}, this env plays "
+                             f"env.problem={self.problem.name!r}")
+        self.task, self.turn, self.best = task, 0, None
+        self.instances = self.problem.task_instances(task)
+        prompt = f"Baseline heuristic:\n```python\n{self.problem.reference()}```\nImprove on it."
+        return ([{"role": "system", "content": self.problem.system_prompt()}, {"role": "user", "content": prompt}],
+                {"id": task.get("id")})
 
     def step(self, assistant_text: str):
         if self.task is None:
             raise RuntimeError("step() before reset()")
         self.turn += 1
         code = extract_code(assistant_text, self.parser)
-        gap, error, used = evaluate(code, self.instances, self.sandbox) if code else (FAIL_GAP, "no code found", [])
-        self.best = min(self.best, gap)
-        info = {"gap": gap, "error": error, "bins": used, "best_gap": self.best}
+        res = self.problem.evaluate(code or "", self.instances, self.sandbox, seed=int(self.task.get("seed", 0)))
+        if not code:
+            res.error = "no code found"
+        if self.best is None or res.score > self.best.score:
+            self.best = res
+        key = self.problem.objective_key
+        info = {key: res.objective, "score": res.score, "error": res.error, **res.details,
+                f"best_{key}": self.best.objective, "best_score": self.best.score}
         done = self.turn >= self.max_turns
         if done:
-            return [], -self.best, True, False, info
-        fb = f"Evaluation failed: {error}" if error else f"Gap to the lower bound: {100 * gap:.2f}%."
+            return [], self.best.score, True, False, info
+        fb = f"Evaluation failed: {res.error}" if res.error else self.problem.feedback(res)
         return [{"role": "user", "content": fb + " Reply with an improved function."}], 0.0, False, False, info
+
+
+BinPackingEnv = HeuristicEnv  # the name this environment had when it played online bin packing only

@@ -1,0 +1,52 @@
+"""CVRP, ACO: ``heuristics(distance_matrix, coordinates, demands, capacity) -> (n, n)`` edge desirabilities.
+
+Instances: shipped (n+1, 3) arrays, row 0 the depot, column 0 the demand (integers 1..9; 0 at the depot) and
+columns 1-2 the coordinates in the unit square; vehicle capacity 50 (the paper's evaluator). As there, the
+distance matrix has 1 on its diagonal and the returned matrix (plus 1e-9, floored at 1e-9) drives
+:func:`.aco.cvrp`, seeded per episode. Objective: mean best route cost, depot returns included and waiting
+at the depot free (lower is better); score = -cost. Reference: the seed function 1/d.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from esopt_mp.envs.ahd import aco
+from esopt_mp.envs.ahd.common import Problem, arr, dist_matrix
+from esopt_mp.envs.ahd.tsp_aco import matrix
+from esopt_mp.envs.sandbox import SandboxLimits
+
+CAPACITY = 50
+
+
+class CVRPACO(Problem):
+    name = "cvrp_aco"
+    sense = "min"
+    objective_key = "cost"
+    per_task = 5
+    limits = SandboxLimits(wall_s=60, cpu_s=60, output_bytes=8 << 20)
+    params = {"n_ants": 30, "n_iterations": 100}
+
+    def fail_objective(self, instances):  # at most 2 edges per customer, each at most sqrt(2)
+        return 2 * math.sqrt(2) * max(len(x) for x in instances)
+
+    def line_cap(self, instances):
+        return 64 + 12 * max(len(x) for x in instances) ** 2
+
+    def run(self, call, instances, seed):
+        rng = np.random.default_rng(seed)
+        costs, routes = [], []
+        for x in instances:
+            demand, pos = x[:, 0].copy(), x[:, 1:].copy()
+            d = dist_matrix(pos)
+            d[np.diag_indices_from(d)] = 1.0
+            heu = matrix(call, [arr(d), arr(pos), arr(demand), CAPACITY], len(x), "heuristics") + 1e-9
+            heu[heu < 1e-9] = 1e-9
+            cost, route = aco.cvrp(d, demand, CAPACITY, heu, rng, **self.params)
+            costs.append(cost)
+            routes.append(route)
+        return float(np.mean(costs)), {"costs": costs, "routes": routes}
+
+
+PROBLEM = CVRPACO

@@ -35,7 +35,7 @@ import torch
 
 from esopt_mp.dcp_boxes import box_state_dict, check_coverage
 from esopt_mp.identity import diff_identity, file_sha256
-from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir
+from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir, updates_digest
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -43,7 +43,8 @@ DCP_METADATA = ".metadata"
 FORMAT = 2  # 1: per-tp-rank safetensors files (esopt_mp before DCP); such checkpoints are skipped, the ledger replays
 # DCP warns on every single-process save/load that it assumes one process: that is the intent here (one writer)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-__all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "CheckpointMismatch", "Checkpointer",
+__all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "CheckpointMismatch", "CheckpointReadError",
+           "Checkpointer",
            "save_checkpoint", "checkpoint_steps", "load_checkpoint_", "read_checkpoint", "prune_checkpoints", "replay_", "restore_run_"]
 
 
@@ -51,8 +52,32 @@ class CheckpointError(ValueError):
     """A checkpoint is incomplete, corrupt, or does not cover this rank's shards."""
 
 
+class CheckpointReadError(CheckpointError):
+    """Reading failed after the checks passed: this rank's weights may be partly overwritten."""
+
+
 class CheckpointMismatch(ValueError):
-    """A complete checkpoint of another configuration (model, ES settings): never loaded, never skipped silently."""
+    """A complete checkpoint that cannot be this run's state (another configuration, or a layout that cannot map
+    onto this mesh): never loaded, never skipped silently."""
+
+
+def _dcp_failure():
+    """DCP reports a failed save/load as ``CheckpointException``, a BaseException: caught with the Exceptions."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def _describe(e: BaseException) -> str:
+    """One line for an error, DCP's per-rank failures unpacked (its own str is a multi-line traceback)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = []
+        for rank, wrapped in sorted(failures.items()):
+            exc = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            parts.append(f"DCP writer {rank}: {type(exc).__name__}: {exc}")
+        return "; ".join(parts)
+    return f"{type(e).__name__}: {e}"
 
 
 def _ckpt_root(run_dir: str) -> str:
@@ -82,7 +107,8 @@ def write_shards(tmp: str, shards, staged: list[torch.Tensor], group, writer: in
                  for f in mine})
 
 
-def finalize(tmp: str, final: str, step: int, layout: dict, writers: int, identity: dict | None = None) -> None:
+def finalize(tmp: str, final: str, step: int, layout: dict, writers: int, identity: dict | None = None,
+             updates: str | None = None) -> None:
     """Rank 0, after every writer finished: check the files against DCP's metadata, manifest last, fsync, rename."""
     import torch.distributed.checkpoint as dcp
 
@@ -99,6 +125,8 @@ def finalize(tmp: str, final: str, step: int, layout: dict, writers: int, identi
     man = {"format": FORMAT, "step": step, "layout": layout, "files": files}
     if identity:
         man.update(config_hash=identity["hash"], identity=identity["fields"])
+    if updates:
+        man["updates_sha256"] = updates  # ties the checkpoint to the ledger that produced it
     _write_json(os.path.join(tmp, MANIFEST), man)
     for r in range(writers):
         os.remove(os.path.join(tmp, f"rank{r}.sum.json"))
@@ -127,8 +155,12 @@ class Checkpointer:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esopt-ckpt") if async_save else None
         self._pending = None  # (step, tmp, final, future or None)
 
-    def save(self, step: int, perturber) -> str:
-        """Start saving the current state as step ``step`` (waits for the previous save first); returns its path."""
+    def save(self, step: int, perturber, updates: str | None = None) -> str:
+        """Start saving the current state as step ``step`` (waits for the previous save first); returns its path.
+
+        ``updates``: :func:`~esopt_mp.ledger.updates_digest` of the ledger's
+        first ``step`` entries, recorded so resume checks the pairing.
+        """
         self.wait()
         dims = self.dims
         root = _ckpt_root(self.run_dir)
@@ -151,31 +183,42 @@ class Checkpointer:
                 future = concurrent.futures.Future()
                 try:
                     future.set_result(write_shards(*args))
-                except Exception as e:  # reported in wait(), agreed on by every rank
+                except _dcp_failure() as e:  # reported in wait(), agreed on by every rank
                     future.set_exception(e)
-        self._pending = (step, tmp, final, future)
+        self._pending = (step, tmp, final, future, updates)
         return final
+
+    def poll(self) -> str | None:
+        """At a step boundary: finalize the pending save if every writer is done (one 1-byte all-reduce), so a
+        checkpoint counts as soon as it is written, not one interval later. Its path, or None."""
+        if self._pending is None:
+            return None
+        future = self._pending[3]
+        if self.dims.comm.any(future is not None and not future.done()):
+            return None
+        return self.wait()
 
     def wait(self) -> str | None:
         """Finish the pending save on every rank: agree that all writers succeeded, finalize, prune. Its path."""
         if self._pending is None:
             return None
-        step, tmp, final, future = self._pending
+        step, tmp, final, future, updates = self._pending
         self._pending = None
         err = None
         if future is not None:
             try:
                 future.result()
-            except Exception as e:
-                err = e
-                log.error("rank %d: writing the checkpoint of step %d failed: %s", self.dims.rank, step, e)
+            except _dcp_failure() as e:
+                err = _describe(e)
+                log.error("rank %d: writing the checkpoint of step %d failed: %s", self.dims.rank, step, err)
         if self.dims.comm.any(err is not None):
             if self.dims.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(f"the checkpoint of step {step} was not written ({err or 'on another rank'}); "
                                   "the ledger holds every step, a rerun resumes from an older checkpoint")
         if self.dims.rank == 0:
-            finalize(tmp, final, step, {"dp": self.dims.dp, "tp": self.dims.tp}, self.dims.tp, self.identity)
+            finalize(tmp, final, step, {"dp": self.dims.dp, "tp": self.dims.tp}, self.dims.tp, self.identity,
+                     updates)
             prune_checkpoints(self.run_dir, self.keep, step)
         self.dims.comm.barrier()
         return final
@@ -187,10 +230,11 @@ class Checkpointer:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def save_checkpoint(run_dir: str, step: int, perturber, dims, keep: int = 0, identity: dict | None = None) -> str:
+def save_checkpoint(run_dir: str, step: int, perturber, dims, keep: int = 0, identity: dict | None = None,
+                    updates: str | None = None) -> str:
     """Synchronous save: every rank of dp group 0 writes its boxes; rank 0 finalizes, then keeps the newest ``keep``."""
     ck = Checkpointer(run_dir, dims, keep, async_save=False, identity=identity)
-    ck.save(step, perturber)
+    ck.save(step, perturber, updates)
     return ck.wait()
 
 
@@ -365,14 +409,19 @@ def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = No
 
     man = check_checkpoint(path)
     check_identity(man, path, identity)
+    check_checkpoint(path, [DCP_METADATA], digest=True)  # before unpickling it
     try:
         files = check_coverage(_metadata(path), perturber.shards, path)
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    check_checkpoint(path, sorted(files | {DCP_METADATA}), digest=True)
+    except ValueError as e:  # an intact checkpoint that is not of this model/selection/mesh: refuse, do not skip
+        raise CheckpointMismatch(f"{e}; move {path} aside to resume from an older checkpoint or the ledger") from None
+    check_checkpoint(path, sorted(files), digest=True)
     states = perturber.state_tensors()
-    with torch.no_grad():
-        dcp.load(box_state_dict(perturber.shards, states), storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    try:
+        with torch.no_grad():
+            dcp.load(box_state_dict(perturber.shards, states), storage_reader=dcp.FileSystemReader(path),
+                     no_dist=True)
+    except _dcp_failure() as e:  # a read error after the checks: the weights may be partly written; the
+        raise CheckpointReadError(f"{path}: reading failed ({_describe(e)})") from None  # the caller reloads
     perturber.load_state_(states)  # in place: copies the master back to the device, drops a stale snapshot
 
 
@@ -386,19 +435,29 @@ def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpo
                  identity: dict | None = None) -> int:
     """Bring the weights to the end of ``entries``: newest loadable checkpoint (if wanted) + ledger replay.
 
-    A checkpoint that fails its checks is skipped for the previous one; with
-    none left the replay starts from the base weights. Restoring is local to
-    each rank (no collective), so ranks may even fall back differently and
-    still agree. Returns the step the checkpoint covered (0 without one).
+    A checkpoint that fails its checks, or was written against another ledger
+    (its ``updates_sha256`` differs from this ledger's first ``step``
+    updates), is skipped for the previous one; with none left the replay
+    starts from the base weights. Restoring is local to each rank (no
+    collective), so ranks may even fall back differently and still agree.
+    Returns the step the checkpoint covered (0 without one).
     """
-    done = 0
+    done, dirty = 0, None
     for step, path in reversed(checkpoint_steps(run_dir, len(entries)) if use_checkpoint else []):
         try:
+            tie = check_checkpoint(path).get("updates_sha256")
+            if tie and tie != updates_digest(entries[:step]).hexdigest()[:16]:
+                raise CheckpointError(f"{path} was written by another run's ledger (its updates differ from this "
+                                      f"run's first {step} steps)")
             load_checkpoint_(path, perturber, dims, identity)
         except CheckpointError as e:
             log.warning("checkpoint of step %d not loaded, trying an older one: %s", step, e)
+            if isinstance(e, CheckpointReadError):
+                dirty = e
             continue
         done = step
         break
+    if dirty is not None and done == 0:  # no checkpoint replaced what the failed read wrote: base is gone
+        raise CheckpointError(f"{dirty}; no older checkpoint could replace the partly read weights: rerun")
     replay_(perturber, entries[done:])
     return done

@@ -141,6 +141,20 @@ class Ledger:
         self._next += 1
 
 
+def updates_digest(entries: list[dict], h=None):
+    """Running SHA-256 over what each step's update applied (seeds, signs, shaped weights, alpha, weight decay).
+
+    A checkpoint records it for its step, so a checkpoint is only loaded
+    against the ledger that produced it (not a sibling run's with the same
+    config). Pass the returned hasher back in to extend it by later entries.
+    """
+    h = h or hashlib.sha256()
+    for e in entries:
+        h.update(json.dumps([e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0)],
+                            separators=(",", ":")).encode())
+    return h
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path or ".", os.O_RDONLY)
     try:

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps, export_checkpoint, restore_run_
 from esopt_mp.identity import diff_identity
+from esopt_mp.ledger import updates_digest
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
@@ -113,6 +114,7 @@ class ESTrainer:
             entries = self.ledger.repair()  # raises if run.dir holds another config's ledger; cuts a torn tail
         except LedgerError as e:
             raise LedgerError(f"{e}{self._what_differs()}") from None
+        self._updates = updates_digest(entries)  # extended every step; checkpoints record it
         if not entries:
             return 0
         done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries,
@@ -182,12 +184,17 @@ class ESTrainer:
             "wall_time": time.time(),
         }
         self.ledger.append(record)
+        updates_digest([record], self._updates)
         self.health.check(t, returns, weights, getattr(self.objective, "recent_errors", []))
         return {"step": t, "sigma": sigma, "alpha": alpha,
                 "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
                 "failed": es.population - len(ok), "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
                 "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
                 "comm_bytes_total": self.comm.total}
+
+    def checkpoint(self, step: int) -> str:
+        """Start saving the weights after ``step`` steps, tied to the ledger's updates (finished by poll/wait)."""
+        return self.ckpt.save(step, self.perturber, self._updates.hexdigest()[:16])
 
     def _on_signal(self, signum, frame):
         log.warning("signal %d: finishing the current step, then checkpoint and exit", signum)
@@ -213,9 +220,11 @@ class ESTrainer:
             last = t + 1 == cfg.es.steps
             stop = dims.comm.any(self._stop_requested)  # one verdict for all ranks, at the step boundary
             if stop or last or (cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0):
-                self.ckpt.save(t + 1, self.perturber)  # written in the background while the next steps run
+                self.checkpoint(t + 1)  # written in the background while the next steps run
             if stop or last:
                 self.ckpt.wait()
+            else:
+                self.ckpt.poll()  # a finished background write becomes a complete checkpoint now
             if stop and not last:
                 log.warning("stopped after step %d on request; rerun the same command to resume", t)
                 return {"stopped_at": t + 1}
@@ -238,7 +247,7 @@ class ESTrainer:
             else:  # vllm: the final checkpoint's canonical boxes, in the base model's HF layout, written by rank 0
                 done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
                 if not done or done[-1][0] != cfg.es.steps:  # e.g. a rerun of a finished run with a lost checkpoint
-                    self.ckpt.save(cfg.es.steps, self.perturber)
+                    self.checkpoint(cfg.es.steps)
                     self.ckpt.wait()
                     done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
                 if dims.rank == 0:

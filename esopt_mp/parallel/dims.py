@@ -28,6 +28,7 @@ class ParallelDims:
     device_type: str = "cpu"
     mesh: object = dataclasses.field(default=None, repr=False)  # DeviceMesh ("dp", "tp") when world > 1
     backend: str = "gloo"  # of the process group: decides where collectives take their tensors
+    timeout_s: float = 1800.0  # parallel.timeout_s: bounds every collective, the checkpoint group's too
     _comm: object = dataclasses.field(default=None, init=False, repr=False, compare=False)
     _ckpt_group: object = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
@@ -98,7 +99,8 @@ class ParallelDims:
         if self._ckpt_group is False:
             group = None
             if self.mesh is not None and self.tp > 1:
-                group = dist.new_group(ranks=list(range(self.tp)), backend="gloo")
+                group = dist.new_group(ranks=list(range(self.tp)), backend="gloo",
+                                       timeout=datetime.timedelta(seconds=self.timeout_s))
             self._ckpt_group = group if self.dp_rank == 0 else None
         return self._ckpt_group
 
@@ -133,7 +135,7 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
         raise ValueError("parallel.backend=nccl needs CUDA, and torch.cuda.is_available() is False")
     if not (timeout_s > 0):
         raise ValueError(f"parallel.timeout_s must be > 0, got {timeout_s}")
-    dims.backend = backend
+    dims.backend, dims.timeout_s = backend, timeout_s
     if cuda:
         torch.cuda.set_device(le.local_rank % torch.cuda.device_count())
     if le.world_size > 1 and not dist.is_initialized():

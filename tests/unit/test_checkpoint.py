@@ -105,17 +105,18 @@ def test_load_refuses_missing_tensor_and_other_global_shape_before_writing(tmp_p
     p = perturber(full_state(2))
     p.shards.append(LocalShard(torch.zeros(3), ShardInfo.full("extra", (3,))))
     before = [s.tensor.clone() for s in p.shards]
-    with pytest.raises(ck.CheckpointError, match="no tensor extra"):
+    with pytest.raises(ck.CheckpointMismatch, match="no tensor extra"):
         ck.load_checkpoint_(path, p)
     assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
     q = Perturber([LocalShard(torch.zeros(10, 13), ShardInfo.full("w", (10, 13)))])
-    with pytest.raises(ck.CheckpointError, match=r"global shape \(10, 12\)"):
+    with pytest.raises(ck.CheckpointMismatch, match=r"global shape \(10, 12\)"):
         ck.load_checkpoint_(path, q)
 
 
 def test_layout_that_cannot_map_is_refused_before_writing(tmp_path):
     """A checkpoint whose saved chunks do not cover this rank's box (a writer's chunks were lost from the
-    metadata: here a tp=2 save of which only rank 0's half of w was recorded) names the tensor and the mesh."""
+    metadata: here a tp=2 save of which only rank 0's half of w was recorded) names the tensor and the mesh, and
+    is refused, not skipped: the checkpoint is intact, it is the layout that cannot map."""
     import torch.distributed.checkpoint as dcp
 
     st = full_state(1)
@@ -131,10 +132,12 @@ def test_layout_that_cannot_map_is_refused_before_writing(tmp_path):
     ck.finalize(final + ".tmp", final, 1, {"dp": 1, "tp": 2}, 1)
     p = perturber(full_state(2), 2, 1)
     before = [s.tensor.clone() for s in p.shards]
-    with pytest.raises(ck.CheckpointError, match=r"w cover 0 of the 60 elements .*cannot map onto the current mesh"):
+    with pytest.raises(ck.CheckpointMismatch, match=r"w cover 0 of the 60 elements .*cannot map onto the current mesh"
+                                                    r".*move .* aside"):
         ck.load_checkpoint_(final, p)
     assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
-    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(1)) == 0  # skipped: base + replay
+    with pytest.raises(ck.CheckpointMismatch):
+        ck.restore_run_(str(tmp_path), p, DIMS, entries(1))
 
 
 def test_checkpoint_of_another_configuration_is_refused_naming_the_difference(tmp_path):
@@ -328,3 +331,78 @@ def test_failed_write_raises_and_leaves_no_checkpoint(tmp_path):
         ck.write_shards = real
         c.close()
     assert os.listdir(os.path.join(tmp_path, "ckpt")) == []
+
+
+def _fail_dcp(monkeypatch, what: str):
+    """Make DCP's own file I/O fail (it wraps the error in CheckpointException, a BaseException)."""
+    import torch.distributed.checkpoint.filesystem as fs
+
+    def boom(*a, **k):
+        raise OSError(28 if what == "write" else 5, "No space left on device" if what == "write" else "I/O error")
+
+    if what == "write":
+        monkeypatch.setattr(fs, "_write_item", boom)
+    else:
+        monkeypatch.setattr(fs.FileSystemReader, "read_data", boom)
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_dcp_write_failure_becomes_checkpoint_error_and_leaves_nothing(tmp_path, monkeypatch, async_save):
+    c = ck.Checkpointer(str(tmp_path), DIMS, keep=0, async_save=async_save)
+    _fail_dcp(monkeypatch, "write")
+    c.save(1, perturber(full_state()))
+    with pytest.raises(ck.CheckpointError, match="step 1 was not written .*No space left"):
+        c.wait()
+    c.close()
+    assert os.listdir(os.path.join(tmp_path, "ckpt")) == []
+
+
+def test_dcp_read_failure_falls_back_and_says_when_it_cannot(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint.filesystem as fs
+
+    ref, run = states_at(4), str(tmp_path)
+    save_layout(run, 2, ref[2], 2)
+    save_layout(run, 4, ref[4], 2)
+    real, calls = fs.FileSystemReader.read_data, []
+
+    def first_fails(self, plan, planner):  # the newest checkpoint's read fails once, midway
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(5, "I/O error")
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(fs.FileSystemReader, "read_data", first_fails)
+    p = perturber(full_state())
+    assert ck.restore_run_(run, p, DIMS, entries(4)) == 2 and _equal(p, ref[4])
+    _fail_dcp(monkeypatch, "read")
+    with pytest.raises(ck.CheckpointError, match="reading failed .*no older checkpoint could replace .*rerun"):
+        ck.restore_run_(run, perturber(full_state()), DIMS, entries(4))
+
+
+def test_checkpoint_of_another_ledger_is_skipped(tmp_path):
+    from esopt_mp.ledger import updates_digest
+
+    ref, run = states_at(4), str(tmp_path)
+    mine, other = entries(4), [dict(e, weights=[1.0, 1.0, 1.0, 1.0]) for e in entries(4)]
+    for step, ents in ((2, mine), (4, other)):  # step 4 comes from a sibling run with the same config
+        c = ck.Checkpointer(run, DIMS, async_save=False)
+        c.save(step, perturber(ref[step]), updates_digest(ents[:step]).hexdigest()[:16])
+        c.wait()
+    p = perturber(full_state())
+    assert ck.restore_run_(run, p, DIMS, mine) == 2 and _equal(p, ref[4])
+
+
+def test_poll_finalizes_a_finished_background_write_at_the_next_step(tmp_path):
+    c = ck.Checkpointer(str(tmp_path), DIMS, keep=0, async_save=True)
+    gate, real = threading.Event(), ck.write_shards
+    ck.write_shards = lambda *a: (gate.wait(30), real(*a))
+    try:
+        c.save(1, perturber(states_at(1)[1]))
+        assert c.poll() is None and ck.checkpoint_steps(str(tmp_path)) == []  # still writing
+        gate.set()
+        c._pending[3].result(timeout=30)
+        assert c.poll().endswith("step_000001") and [s for s, _ in ck.checkpoint_steps(str(tmp_path))] == [1]
+        assert c.poll() is None  # nothing pending
+    finally:
+        ck.write_shards = real
+        c.close()

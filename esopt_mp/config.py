@@ -176,6 +176,7 @@ class EngineConfig:
 class EnvConfig:
     name: str = "sudoku"
     max_turns: int = 45
+    max_episode_tokens: int = 0  # prompt + generated tokens per trajectory, all turns (0: no budget)
     size: int = 4  # sudoku board size (4 or 9)
     mask_count: int = 4  # sudoku H*
     show_original: bool = True  # sudoku: show the original puzzle above the current board
@@ -206,6 +207,8 @@ class EnvConfig:
         _check(self.name in registered(), f"{key}.name", f"unknown environment {self.name!r}; known: {registered()}")
         for k in ("max_turns", "n_train", "n_eval", "episodes_per_step", "eval_repeats"):
             _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
+        _check(self.max_episode_tokens >= 0, f"{key}.max_episode_tokens",
+               f"must be >= 0 (0 = no budget), got {self.max_episode_tokens}")
         _check(self.episodes_per_step <= self.n_train, f"{key}.episodes_per_step",
                f"{self.episodes_per_step} exceeds the {self.n_train} training tasks")
         from esopt_mp.data import resolve
@@ -410,6 +413,8 @@ class TrainConfig:
             tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
         for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
             d["env"].pop(k)
+        if not self.env.max_episode_tokens:  # no budget: runs from before the field keep their hash
+            d["env"].pop("max_episode_tokens")
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
         web = d["env"].pop("web")  # webarena_lite's section; other environments keep the hash they had without it

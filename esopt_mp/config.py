@@ -385,7 +385,8 @@ class TrainConfig:
         ``model.tiny`` when the tiny model is built), ``objective.*``, the
         training tasks by content (SHA-256 of ``env.train_path``, or the
         generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
-        every other ``env.*`` setting that shapes training returns,
+        every other ``env.*`` setting that shapes training returns (``max_episode_tokens`` when set: 0 keeps the
+        hash of runs from before it),
         ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:

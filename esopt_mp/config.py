@@ -176,6 +176,7 @@ class EngineConfig:
 class EnvConfig:
     name: str = "sudoku"
     max_turns: int = 45
+    max_episode_tokens: int = 0  # prompt + generated tokens per trajectory, all turns (0: no budget)
     size: int = 4  # sudoku board size (4 or 9)
     mask_count: int = 4  # sudoku H*
     show_original: bool = True  # sudoku: show the original puzzle above the current board
@@ -210,6 +211,8 @@ class EnvConfig:
         _check(self.problem in known(), f"{key}.problem", f"unknown heuristic-design problem {self.problem!r}; known: {known()}")
         for k in ("max_turns", "n_train", "n_eval", "episodes_per_step", "eval_repeats"):
             _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
+        _check(self.max_episode_tokens >= 0, f"{key}.max_episode_tokens",
+               f"must be >= 0 (0 = no budget), got {self.max_episode_tokens}")
         _check(self.episodes_per_step <= self.n_train, f"{key}.episodes_per_step",
                f"{self.episodes_per_step} exceeds the {self.n_train} training tasks")
         from esopt_mp.data import resolve
@@ -386,7 +389,8 @@ class TrainConfig:
         ``model.tiny`` when the tiny model is built), ``objective.*``, the
         training tasks by content (SHA-256 of ``env.train_path``, or the
         generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
-        every other ``env.*`` setting that shapes training returns,
+        every other ``env.*`` setting that shapes training returns (``max_episode_tokens`` when set: 0 keeps the
+        hash of runs from before it),
         ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
         tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
@@ -416,6 +420,8 @@ class TrainConfig:
             d["env"].pop(k)
         if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash
             d["env"].pop("problem")
+        if not self.env.max_episode_tokens:  # no budget: runs from before the field keep their hash
+            d["env"].pop("max_episode_tokens")
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
         web = d["env"].pop("web")  # webarena_lite's section; other environments keep the hash they had without it

@@ -28,13 +28,18 @@ class AgentConfig:
     max_turns: int = 45
     sampling: SamplingParams = SamplingParams()
     episode_timeout_s: float = 600.0
+    max_episode_tokens: int = 0  # prompt + generated tokens of one trajectory (0: no budget)
+
+    def __post_init__(self):
+        if not isinstance(self.max_episode_tokens, int) or self.max_episode_tokens < 0:
+            raise ValueError(f"max_episode_tokens must be an int >= 0 (0 = no budget), got {self.max_episode_tokens!r}")
 
 
 @dataclasses.dataclass
 class Episode:
     id: str
     ret: float = 0.0
-    ended: str = ""  # terminated | truncated | turn_budget | failed
+    ended: str = ""  # terminated | truncated | turn_budget | token_budget | failed
     turns: list = dataclasses.field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
@@ -86,7 +91,13 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[int], cfg: AgentConfig,
                  dims=None) -> list[Episode]:
-    """Play one episode per (env, task) concurrently; on TP leaders (or without TP)."""
+    """Play one episode per (env, task) concurrently; on TP leaders (or without TP).
+
+    With ``cfg.max_episode_tokens`` each turn may generate at most what the budget leaves after the
+    conversation so far and the turn's prompt; an episode whose next prompt leaves no room ends as
+    ``token_budget`` with the return of its last step (the env's score of an unfinished episode; 0
+    before any turn).
+    """
     chan = TPChannel(dims)
     tok = engine.tokenizer
     im_end = tok.convert_tokens_to_ids(IM_END)
@@ -104,12 +115,16 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
             continue
         prompts[i] = opening_text(msgs)
         new_ids[i] = _encode(tok, prompts[i])
+        if _left(cfg, convs[i], new_ids[i]) < 1:
+            _out_of_tokens(episodes[i], 0.0, time.perf_counter() - start[i])
+            continue
         live.append(i)
     budget = [min(cfg.max_turns, getattr(env, "max_turns", cfg.max_turns)) for env in envs]
     while live:
-        chan.send(("gen", live, [new_ids[i] for i in live]))
+        caps = [_left(cfg, convs[i], new_ids[i]) for i in live] if cfg.max_episode_tokens else None
+        chan.send(("gen", live, [new_ids[i] for i in live], caps))
         starts = [len(convs[i].ids) + len(new_ids[i]) for i in live]
-        gens = engine.generate([convs[i] for i in live], [new_ids[i] for i in live], cfg.sampling)
+        gens = _generate(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg, caps)
         chan.verify(gens)
         nxt = []
         for i, g, s0 in zip(live, gens, starts):
@@ -137,6 +152,9 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
             ended_clean = bool(g.token_ids) and g.token_ids[-1] == im_end
             prompts[i] = delta_text(ended_clean, msgs)
             new_ids[i] = _encode(tok, prompts[i])
+            if _left(cfg, convs[i], new_ids[i]) < 1:
+                _out_of_tokens(ep, float(reward), elapsed)
+                continue
             nxt.append(i)
         live = nxt
     chan.send(("end",))
@@ -154,12 +172,31 @@ def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]
         if msg[0] == "new":
             convs = [engine.new_conversation(i, s) for i, s in enumerate(msg[1])]
         elif msg[0] == "gen":
-            _, live, ids = msg
-            chan.verify(engine.generate([convs[i] for i in live], ids, cfg.sampling))
+            _, live, ids, caps = msg
+            chan.verify(_generate(engine, [convs[i] for i in live], ids, cfg, caps))
         elif msg[0] == "end":
             return [list(c.ids) for c in convs]
         else:
             raise RuntimeError(f"unknown message from the tp leader: {msg[0]!r}")
+
+
+def _left(cfg: AgentConfig, conv, new_ids: list[int]) -> int:
+    """Tokens the episode may still generate this turn: the per-turn cap, less when the budget is nearer."""
+    if not cfg.max_episode_tokens:
+        return cfg.sampling.max_new_tokens
+    return min(cfg.sampling.max_new_tokens, cfg.max_episode_tokens - len(conv.ids) - len(new_ids))
+
+
+def _generate(engine, convs, new_ids, cfg: AgentConfig, caps):
+    """One batched turn; per-row caps only under a token budget (engines without budgets take none)."""
+    if caps is None:
+        return engine.generate(convs, new_ids, cfg.sampling)
+    return engine.generate(convs, new_ids, cfg.sampling, max_new=caps)
+
+
+def _out_of_tokens(ep: Episode, ret: float, seconds: float) -> None:
+    ep.ret, ep.ended, ep.seconds = ret, "token_budget", seconds
+    log.info("episode %s: token budget spent after %d turns", ep.id, len(ep.turns))
 
 
 def _fail(ep: Episode, error: str) -> None:

@@ -77,8 +77,9 @@ class AgentObjective:
             from esopt_mp.envs.web.tasks import startup_check
 
             startup_check(env_cfg)
-        self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling())
-        self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature))
+        budget = {"max_episode_tokens": env_cfg.max_episode_tokens}  # per trajectory, both engines
+        self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(), **budget)
+        self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature), **budget)
         self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         self.eval_round = 0

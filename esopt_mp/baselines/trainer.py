@@ -61,7 +61,8 @@ class BaselineTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
         self.objective = AgentObjective(cfg.env, cfg.engine, self.seed, self.model, self.tokenizer, dims, traj)
-        self.rollout_cfg = AgentConfig(cfg.env.max_turns, rollout_sampling(cfg.engine, cfg.algo))
+        self.rollout_cfg = AgentConfig(cfg.env.max_turns, rollout_sampling(cfg.engine, cfg.algo),
+                                       max_episode_tokens=cfg.env.max_episode_tokens)
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
         self.config_hash = cfg.hash(path)
         if dims.rank == 0:

@@ -20,7 +20,7 @@ import torch
 
 from esopt_mp.engine.cache import extract_row, select_rows, stack
 from esopt_mp.engine.prefill import plan_prefill
-from esopt_mp.engine.sampling import SamplingParams, sample
+from esopt_mp.engine.sampling import SamplingParams, check_caps, sample
 
 
 @dataclasses.dataclass
@@ -183,9 +183,14 @@ class HFEngine:
         return last, fed
 
     @torch.no_grad()
-    def generate(self, convs: list[Conversation], new_ids: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Append ``new_ids`` to each conversation and generate one reply each, batched."""
+    def generate(self, convs: list[Conversation], new_ids: list[list[int]], params: SamplingParams,
+                 max_new: list[int] | None = None) -> list[Generation]:
+        """Append ``new_ids`` to each conversation and generate one reply each, batched.
+
+        ``max_new``: a per-row token cap below ``params.max_new_tokens`` (what an episode's token budget leaves).
+        """
         t0 = time.perf_counter()
+        caps = check_caps(max_new, len(convs), params.max_new_tokens)
         for conv, ids in zip(convs, new_ids):
             conv.ids.extend(ids)
         last, prefill = self._prefill(convs)
@@ -207,7 +212,7 @@ class HFEngine:
                     finish = "eos"
                 elif params.stop and any(s in self.tokenizer.decode(generated[i]) for s in params.stop):
                     finish = "stop"
-                elif len(generated[i]) >= params.max_new_tokens:
+                elif len(generated[i]) >= caps[i]:
                     finish = "length"
                 if finish is None:
                     keep.append(j)

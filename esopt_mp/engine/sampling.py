@@ -29,6 +29,15 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+def check_caps(max_new: list[int] | None, rows: int, limit: int) -> list[int]:
+    """Each row's token cap for one turn: ``min(limit, max_new[row])``; every cap must leave room for a token."""
+    if max_new is None:
+        return [limit] * rows
+    if len(max_new) != rows or any(not isinstance(m, int) or m < 1 for m in max_new):
+        raise ValueError(f"max_new must hold one int >= 1 per row ({rows}), got {max_new!r}")
+    return [min(limit, m) for m in max_new]
+
+
 def process_logits(logits: torch.Tensor, generated: list[list[int]], p: SamplingParams) -> torch.Tensor:
     """Presence penalty -> temperature -> min_p -> top_k -> top_p (vLLM's order); float32 [B, V]."""
     logits = logits.float().clone()

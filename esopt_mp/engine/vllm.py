@@ -34,6 +34,7 @@ import time
 import torch
 
 from esopt_mp.engine.hf import EngineStats, Generation, eos_ids, reply_text
+from esopt_mp.engine.sampling import check_caps
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +146,17 @@ class VLLMEngine:
     def new_conversation(self, cid: int, seed: int) -> Conversation:
         return Conversation(cid, seed)
 
-    def _params(self, conv: Conversation, p):
+    def _params(self, conv: Conversation, p, max_tokens: int):
         return self._SamplingParams(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-            presence_penalty=p.presence_penalty, max_tokens=p.max_new_tokens, stop=list(p.stop) or None,
+            presence_penalty=p.presence_penalty, max_tokens=max_tokens, stop=list(p.stop) or None,
             stop_token_ids=sorted(self.eos), seed=_turn_seed(conv.seed, conv.turns), skip_special_tokens=False,
             detokenize=bool(p.stop))
 
-    def generate(self, convs: list[Conversation], new_ids: list[list[int]], params) -> list[Generation]:
+    def generate(self, convs: list[Conversation], new_ids: list[list[int]], params,
+                 max_new: list[int] | None = None) -> list[Generation]:
+        """As :meth:`HFEngine.generate`: ``max_new`` caps each row's reply below ``params.max_new_tokens``."""
+        caps = check_caps(max_new, len(convs), params.max_new_tokens)
         if self.weights is not None:
             self.weights.flush()
         t0 = time.perf_counter()
@@ -160,7 +164,7 @@ class VLLMEngine:
         for conv, ids in zip(convs, new_ids):
             conv.ids.extend(ids)
             prompts.append({"prompt_token_ids": list(conv.ids)})
-        outs = self.llm.generate(prompts, [self._params(c, params) for c in convs], use_tqdm=False)
+        outs = self.llm.generate(prompts, [self._params(c, params, m) for c, m in zip(convs, caps)], use_tqdm=False)
         dt = time.perf_counter() - t0
         results = []
         for conv, out in zip(convs, outs):

@@ -99,7 +99,8 @@ def test_qwen3_loads_sharded_with_selection(tmp_path):
     assert shard == ((0, 0), (64, 64))  # rank 0 holds the first half of the 128 input columns
 
 
-def test_sudoku_batch_under_tp2_matches_tp1(tmp_path):
+@pytest.mark.parametrize("tight", [False, True], ids=["no_budget", "token_budget"])
+def test_sudoku_batch_under_tp2_matches_tp1(tmp_path, tight):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from esopt_mp.agent.loop import AgentConfig, run_episodes
@@ -110,12 +111,23 @@ def test_sudoku_batch_under_tp2_matches_tp1(tmp_path):
     from esopt_mp.models.tiny import build_tiny_agent_base
 
     path = build_tiny_agent_base(str(tmp_path / "agent"))
-    run_world(2, workers.sudoku_tp_worker, path, str(tmp_path / "ids"))
+    tasks = generate(16, 4, size=4, seed=5)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path))
+
+    def tp1(budget):
+        cfg = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=0, max_new_tokens=8),
+                          max_episode_tokens=budget)
+        return run_episodes(engine, [make("sudoku", max_turns=4) for _ in tasks], tasks, list(range(16)), cfg)
+
+    # token_budget: the leader ends episodes and caps turns at different points; its peer must follow each
+    free = tp1(0)
+    budget = sorted(len(e.token_ids) for e in free)[8] * 3 // 4 if tight else 0
+    run_world(2, workers.sudoku_tp_worker, path, str(tmp_path / "ids"), budget)
     r0, r1 = (torch.load(tmp_path / f"ids.{r}") for r in (0, 1))
     assert r0["ids"] == r1["ids"] and len(r0["ids"]) == 16
     assert r0["stats"] == r1["stats"]  # the peer joined every forward pass
-    tasks = generate(16, 4, size=4, seed=5)
-    engine = HFEngine(AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path))
-    cfg = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=0, max_new_tokens=8))
-    eps = run_episodes(engine, [make("sudoku", max_turns=4) for _ in tasks], tasks, list(range(16)), cfg)
+    eps = tp1(budget)
     assert [e.token_ids for e in eps] == r0["ids"]
+    if tight:
+        assert {e.ended for e in eps} == {"token_budget"} and len(eps[0].turns) < len(free[0].turns)
+        assert {len(x) for x in r0["ids"]} == {budget}  # the last turn was capped to exactly what was left

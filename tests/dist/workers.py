@@ -90,7 +90,7 @@ def qwen3_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> No
                    out_path)
 
 
-def sudoku_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> None:
+def sudoku_tp_worker(rank: int, world: int, model_path: str, out_path: str, budget: int = 0) -> None:
     from transformers import AutoTokenizer
 
     from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes
@@ -102,7 +102,7 @@ def sudoku_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> N
 
     dims = init_distributed(discover(), 1, 2)
     engine = HFEngine(load_model(model_path, dims), AutoTokenizer.from_pretrained(model_path))
-    cfg = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=0, max_new_tokens=8))
+    cfg = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=0, max_new_tokens=8), max_episode_tokens=budget)
     if dims.is_tp_leader:
         tasks = generate(16, 4, size=4, seed=5)
         eps = run_episodes(engine, [make("sudoku", max_turns=4) for _ in tasks], tasks, list(range(16)), cfg, dims)

@@ -121,7 +121,8 @@ def test_docvqa_4b_profile_has_the_paper_values_and_generates_tasks(tmp_path):
                                            "env.episodes_per_step=4", f"env.docvqa.gen_dir={tmp_path}"])
     cfg = build_config(OmegaConf.to_container(raw, resolve=True), 1)
     e = cfg.engine
-    assert (cfg.env.name, cfg.env.max_turns, cfg.env.eval_repeats) == ("docvqa", 50, 4)
+    assert (cfg.env.name, cfg.env.max_turns, cfg.env.eval_repeats, cfg.env.max_episode_tokens) == ("docvqa", 50, 4,
+                                                                                                    32768)
     assert (e.temperature, e.top_k, e.presence_penalty, e.max_new_tokens, e.max_model_len) == (1.0, 40, 2.0, 512, 32768)
     train, held = load_tasks(cfg.env)
     assert len(train) == 8 and len(held) == 4 and all(os.path.dirname(t["image"]) == str(tmp_path) for t in train)

@@ -42,6 +42,8 @@ def test_experiment_profiles(name, env, population, monkeypatch, tmp_path):
         assert cfg.env.train_path.startswith("data:")  # the hash sees the same string on every machine
         assert os.path.isfile(resolve(cfg.env.train_path)) and os.path.isfile(resolve(cfg.env.eval_path))
     assert len(cfg.hash()) == 16  # the trainer hashes the training tasks by content: data: paths resolve
+    if name == "math_4b":  # Mean@4 / Pass@4 over samples drawn at the training temperature
+        assert (cfg.env.eval_repeats, cfg.env.eval_temperature, cfg.engine.temperature) == (4, 1.0, 1.0)
     if name.startswith("sudoku"):
         hstar = {"sudoku_4b": 5, "sudoku_4b_h10": 10, "sudoku_4b_h15": 15}[name]
         assert (cfg.env.mask_count, cfg.env.max_turns) == (hstar, 3 * hstar)

@@ -69,3 +69,18 @@ def test_dp_groups_are_independent_engines(models, monkeypatch):
     vLLM's own data_parallel_size=2)."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     run_world(2, dp_groups_generate_independently, models[("qwen3", False)], 2, 1, timeout=300)
+
+
+def test_episode_token_budget_caps_vllm_turns(models, tmp_path, monkeypatch):
+    """env.max_episode_tokens on engine=vllm: the last turn gets what is left (max_tokens), then the episode ends."""
+    from tests.vllm.workers import budget_episodes
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    run_world(1, budget_episodes, models[("qwen3", False)], str(tmp_path), timeout=600)
+    with open(tmp_path / "budget.json") as f:
+        r = json.load(f)
+    free, ep, budget = r["free"][0], r["capped"][0], r["budget"]
+    assert free["response"][0] == 12 and len(free["ids"]) > budget  # the budget binds
+    assert ep["ended"] == "token_budget" and ep["response"] == [12, 3] and ep["finish"][1] == "length"
+    assert len(ep["ids"]) == budget and ep["ids"] == free["ids"][:budget]
+    assert ep["ret"] == ep["reward"][-1]

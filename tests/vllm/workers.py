@@ -195,3 +195,29 @@ def dp_groups_generate_independently(rank: int, world: int, model_dir: str, dp: 
         weights.restore()
     dims.comm.barrier()
     engine.close()
+
+
+def budget_episodes(rank: int, world: int, model_dir: str, out: str) -> None:
+    """engine=vllm under env.max_episode_tokens: greedy sudoku episodes without a budget, then with one."""
+    from esopt_mp.agent.loop import AgentConfig, run_episodes
+    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.vllm import build_vllm
+    from esopt_mp.envs import make, sudoku
+
+    dims = _dims(1)
+    engine, _, _ = build_vllm(_engine_cfg(), _es_cfg(), model_dir, dims, "float32", 0)
+    tasks = sudoku.generate(2, 2, size=4, seed=5)
+
+    def play(budget):
+        cfg = AgentConfig(3, SamplingParams(temperature=0.0, max_new_tokens=12), max_episode_tokens=budget)
+        eps = run_episodes(engine, [make("sudoku", max_turns=3) for _ in tasks], tasks, [11, 12], cfg)
+        return [{"ended": e.ended, "ids": e.token_ids, "ret": e.ret, "reward": [t["reward"] for t in e.turns],
+                 "prompt": [t["prompt_tokens"] for t in e.turns], "response": [t["response_tokens"] for t in e.turns],
+                 "finish": [t["finish"] for t in e.turns]} for e in eps]
+
+    free = play(0)
+    t = free[0]
+    budget = t["prompt"][0] + t["response"][0] + t["prompt"][1] + 3  # episode 0's second turn: 3 tokens left
+    with open(os.path.join(out, "budget.json"), "w") as f:
+        json.dump({"free": free, "budget": budget, "capped": play(budget)}, f)
+    engine.close()

@@ -32,7 +32,9 @@ class ScriptedEngine:
     def new_conversation(self, cid, seed):
         return _Conv(cid)
 
-    def generate(self, convs, new_ids, params):
+    def generate(self, convs, new_ids, params, max_new=None):
+        """Each reply is 2 tokens; ``max_new`` (a token budget's per-row caps) must leave room for them."""
+        assert max_new is None or min(max_new) >= 2, max_new
         out = []
         for conv, ids in zip(convs, new_ids):
             conv.ids.extend(ids)

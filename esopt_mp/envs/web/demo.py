@@ -65,12 +65,14 @@ def serve(login_only: bool = False) -> tuple[http.server.ThreadingHTTPServer, st
 
 
 _SITE: dict = {}
+_LOCK = threading.RLock()  # episodes reset on several threads at once (esopt_mp.envs.base.call_envs)
 
 
 def site_url() -> str:
-    if "url" not in _SITE:
-        _SITE["server"], _SITE["url"] = serve()
-    return _SITE["url"]
+    with _LOCK:
+        if "url" not in _SITE:
+            _SITE["server"], _SITE["url"] = serve()
+        return _SITE["url"]
 
 
 def tasks(n: int, first_seed: int = 0, url: str | None = None) -> list[dict]:
@@ -81,8 +83,12 @@ def tasks(n: int, first_seed: int = 0, url: str | None = None) -> list[dict]:
 
 def register() -> None:
     """Register ``browsergym/esopt_demo.{form,code}`` (once per process)."""
-    if _SITE.get("registered"):
-        return
+    with _LOCK:
+        if not _SITE.get("registered"):
+            _register()
+
+
+def _register() -> None:
     from browsergym.core.registration import register_task
     from browsergym.core.task import AbstractBrowserTask
 

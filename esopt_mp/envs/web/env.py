@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +40,7 @@ SYSTEM = ("You are a web agent. Each turn you see the goal, the page's accessibi
           "report_infeasible(\"...\").")
 _LIVE: "weakref.WeakSet[WebArenaLiteEnv]" = weakref.WeakSet()
 _CHECKED: dict = {}
+_READY_LOCK = threading.Lock()
 
 
 class SiteDown(RuntimeError):
@@ -53,7 +55,7 @@ def close_all() -> int:
     n = 0
     for env in list(_LIVE):
         n += env.close()
-    worker.stop_idle(timeout=10.0)
+    worker.stop_idle(timeout=5.0)
     return n
 
 
@@ -64,23 +66,25 @@ def _on_term(signum, frame):  # installed only where nobody else handles SIGTERM
 
 
 def _install_exit_hooks() -> None:
-    if _CHECKED.get("hooks"):
+    """atexit, and a SIGTERM handler where nobody handles SIGTERM (signal handlers are set on the main thread only,
+    hence also called when an env is made: resets may run on the threads of :func:`esopt_mp.envs.base.call_envs`)."""
+    if not _CHECKED.get("atexit"):
+        _CHECKED["atexit"] = True
+        atexit.register(close_all)
+    if _CHECKED.get("sigterm") or threading.current_thread() is not threading.main_thread():
         return
-    _CHECKED["hooks"] = True
-    atexit.register(close_all)
-    try:
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, _on_term)
-    except ValueError:  # not the main thread: atexit (and the trainer's own handler) remain
-        pass
+    _CHECKED["sigterm"] = True
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _on_term)
 
 
 def ensure_ready(cfg: WebConfig) -> dict:
     """The stack check (:func:`.stack.check`), once per process and configuration."""
     key = (cfg.chromium, cfg.browsers_path, cfg.nltk_data)
-    if key not in _CHECKED:
-        _CHECKED[key] = stack.check(*key)
-    return _CHECKED[key]
+    with _READY_LOCK:  # resets may run on several threads; the check exports env variables
+        if key not in _CHECKED:
+            _CHECKED[key] = stack.check(*key)
+        return _CHECKED[key]
 
 
 @register("webarena_lite")
@@ -94,6 +98,7 @@ class WebArenaLiteEnv:
         self.gym = None
         self.task = None
         self._worker: worker.Worker | None = None
+        _install_exit_hooks()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _open(self, task: dict):

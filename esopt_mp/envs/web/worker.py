@@ -13,12 +13,13 @@ import functools
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 log = logging.getLogger(__name__)
 _LOCAL = threading.local()
 _IDLE: list["Worker"] = []
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entered by a SIGTERM handler (close_all) on the main thread
 _PATCHED: dict = {}
 
 
@@ -101,9 +102,13 @@ def release(w: Worker) -> None:
 
 
 def stop_idle(timeout: float = 30.0) -> int:
-    """Stop every idle worker (and its playwright driver); returns how many."""
+    """Stop every idle worker and its playwright driver, waiting ``timeout`` s at most in all; returns how many."""
     with _LOCK:
         ws, _IDLE[:] = list(_IDLE), []
+    for w in ws:  # all at once: a driver whose pipes a forked process still holds never confirms its stop
+        w._q.put(None)
+    deadline = time.monotonic() + timeout
     for w in ws:
-        w.stop(timeout)
+        if threading.current_thread() is not w._thread:
+            w._thread.join(max(0.0, deadline - time.monotonic()))
     return len(ws)

@@ -103,7 +103,8 @@ def test_sigterm_handler_closes_browsers_a_forked_process_would_keep_alive(handl
     and the handler re-raises SIGTERM so the child's exit status is still -SIGTERM.
     """
     code = ("import os, signal, sys, time; sys.path.insert(0, %r)\n"
-            "from esopt_mp.envs import make; from esopt_mp.envs.web import demo; from esopt_mp.envs.web.config import WebConfig\n"
+            "from esopt_mp.envs import make; from esopt_mp.envs.web import demo\n"
+            "from esopt_mp.envs.web.config import WebConfig\n"
             "e = make('webarena_lite', web=WebConfig(settle_s=0.0)); e.reset(demo.tasks(1)[0])\n"
             "%s\n"
             "pid = os.fork()\n"

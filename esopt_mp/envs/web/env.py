@@ -118,8 +118,9 @@ class WebArenaLiteEnv:
         extra = {"task_kwargs": {"url": task["url"]}} if task.get("url") else {}  # a demo task on its own site
         self._worker = self._worker or worker.lease()
         self.gym = self._worker.call(gym.make, task["gym_id"], headless=True, slow_mo=0,
-                                     timeout=int(self.cfg.step_timeout_s * 1000), pre_observation_delay=self.cfg.settle_s,
-                                     action_mapping=actions.to_python_code, wait_for_user_message=False, **extra)
+                                     timeout=int(self.cfg.step_timeout_s * 1000),
+                                     pre_observation_delay=self.cfg.settle_s, action_mapping=actions.to_python_code,
+                                     wait_for_user_message=False, **extra)
         _LIVE.add(self)
         return self._worker.call(self.gym.reset, seed=int(task.get("seed", 0)))
 
@@ -128,13 +129,17 @@ class WebArenaLiteEnv:
         g, self.gym = self.gym, None
         w, self._worker = self._worker, None
         _LIVE.discard(self)
+        healthy = True
         if g is not None:
             try:
                 w.call(g.close, timeout_s=self.cfg.step_timeout_s + 10)
             except Exception as e:  # noqa: BLE001 - a dead browser must not hide the episode's own error
                 log.warning("closing the browser: %s: %s", type(e).__name__, e)
-        if w is not None:
+                healthy = False
+        if w is not None and healthy:
             worker.release(w)
+        elif w is not None:  # failed to close (maybe still stuck in a call): not reused
+            w.stop(timeout=0)
         return int(g is not None)
 
     def __del__(self):
@@ -191,7 +196,8 @@ class WebArenaLiteEnv:
 
     def _check_sites(self, obs: dict) -> None:
         """After a network error or a Chromium error page: raise :class:`SiteDown` if a task's site is down."""
-        if not (str(obs.get("url", "")).startswith("chrome-error://") or "net::ERR_" in (obs.get("last_action_error") or "")):
+        error_page = str(obs.get("url", "")).startswith("chrome-error://")
+        if not (error_page or "net::ERR_" in (obs.get("last_action_error") or "")):
             return  # the model's own bad URL also lands here: only a site of the task that fails a probe is a fault
         for site, url in _site_urls(self.task).items():
             try:

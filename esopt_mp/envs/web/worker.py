@@ -34,7 +34,7 @@ def _thread_playwright():
 
 
 def patch_browsergym() -> None:
-    """Point BrowserGym's playwright lookup (bound by name in its env and chat modules) at :func:`_thread_playwright`."""
+    """Point BrowserGym's playwright lookup (bound by name in its env and chat modules) at the per-thread one."""
     if _PATCHED:
         return
     import browsergym.core.chat as chat

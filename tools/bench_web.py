@@ -2,8 +2,9 @@
 
     python tools/bench_web.py [--episodes 8] [--browsers 1 4]      # prints one JSON object
 
-Episodes are played like the agent loop plays them (every live episode steps once per turn, envs in turn),
-with a scripted correct policy instead of a model, so the figures are the browser's and BrowserGym's cost.
+Episodes are played like the agent loop plays them (resets, then every live episode's step of a turn, through
+``esopt_mp.envs.base.call_envs``: at once, one browser thread each), with a scripted correct policy instead of a
+model, so the figures are the browser's and BrowserGym's cost.
 Memory: the summed PSS of one open episode's browser processes (Chromium's, playwright's chat window included).
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ def _browser_rss() -> int:
 
 def play(n_browsers: int, episodes: int, web) -> dict:
     from esopt_mp.envs import make
+    from esopt_mp.envs.base import call_envs
     from esopt_mp.envs.web import demo
 
     tasks = demo.tasks(episodes)
@@ -37,14 +39,15 @@ def play(n_browsers: int, episodes: int, web) -> dict:
         batch = tasks[a:a + n_browsers]
         envs = [make("webarena_lite", max_turns=4, web=web) for _ in batch]
         obs, filled = {}, set()
-        for i, (env, task) in enumerate(zip(envs, batch)):
-            t = time.perf_counter()
-            obs[i] = env.reset(task)[0][-1]["content"]
-            resets.append(time.perf_counter() - t)
+        for i, (out, err, secs) in enumerate(call_envs([(e, "reset", t) for e, t in zip(envs, batch)])):
+            if err is not None:
+                raise err
+            obs[i] = out[0][-1]["content"]
+            resets.append(secs)
         rss.append(_browser_rss() / len(batch))
         live = list(range(len(batch)))
         while live:
-            nxt = []
+            nxt, replies = [], {}
             for i in live:
                 task = batch[i]
                 if task["gym_id"].endswith(".code"):
@@ -55,9 +58,12 @@ def play(n_browsers: int, episodes: int, web) -> dict:
                     box = re.search(r"\[(\w+)\] textbox 'Name'", obs[i]).group(1)
                     reply = f'fill("{box}", "{demo.NAMES[task["seed"] % len(demo.NAMES)]}")'
                     filled.add(i)
-                t = time.perf_counter()
-                msgs, r, term, trunc, _ = envs[i].step(reply)
-                steps.append(time.perf_counter() - t)
+                replies[i] = reply
+            for i, (out, err, secs) in zip(live, call_envs([(envs[i], "step", replies[i]) for i in live])):
+                if err is not None:
+                    raise err
+                msgs, r, term, trunc, _ = out
+                steps.append(secs)
                 if term or trunc:
                     rewards.append(r)
                 else:

@@ -19,6 +19,7 @@ import torch
 from esopt_mp.agent.chat import IM_END, delta_text, opening_text
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.envs.base import call_envs
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,13 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     chan.send(("new", list(seeds)))
     start = [time.perf_counter()] * len(tasks)
     new_ids, prompts, live = {}, {}, []
-    for i, (env, task) in enumerate(zip(envs, tasks)):
-        start[i] = time.perf_counter()
-        try:
-            msgs, _ = env.reset(task)
-        except Exception as e:  # noqa: BLE001 - any env failure marks the episode, never the step
-            _fail(episodes[i], f"reset: {type(e).__name__}: {e}")
+    resets = call_envs([(env, "reset", task) for env, task in zip(envs, tasks)])  # at once if the envs allow it
+    for i, (out, err, secs) in enumerate(resets):
+        start[i] = time.perf_counter() - secs
+        if err is not None:  # any env failure marks the episode, never the step
+            _fail(episodes[i], f"reset: {type(err).__name__}: {err}")
             continue
+        msgs, _ = out
         prompts[i] = opening_text(msgs)
         new_ids[i] = _encode(tok, prompts[i])
         if _left(cfg, convs[i], new_ids[i]) < 1:
@@ -127,18 +128,17 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
         gens = _generate(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg, caps)
         chan.verify(gens)
         nxt = []
-        for i, g, s0 in zip(live, gens, starts):
+        steps = call_envs([(envs[i], "step", g.text) for i, g in zip(live, gens)])
+        for i, g, s0, (out, err, env_s) in zip(live, gens, starts, steps):
             ep = episodes[i]
             ep.spans.append((s0, s0 + len(g.token_ids)))
-            t_env = time.perf_counter()
-            try:
-                msgs, reward, term, trunc, info = envs[i].step(g.text)
-            except Exception as e:  # noqa: BLE001
-                _fail(ep, f"step {len(ep.turns) + 1}: {type(e).__name__}: {e}")
+            if err is not None:
+                _fail(ep, f"step {len(ep.turns) + 1}: {type(err).__name__}: {err}")
                 continue
+            msgs, reward, term, trunc, info = out
             ep.turns.append({"prompt": prompts[i], "prompt_tokens": len(new_ids[i]), "response": g.text, "response_tokens": len(g.token_ids), "finish": g.finish,
                              "prefill_tokens": g.prefill_tokens, "gen_s": g.seconds,
-                             "env_s": time.perf_counter() - t_env, "reward": reward, "messages": msgs,
+                             "env_s": env_s, "reward": reward, "messages": msgs,
                              "info": _jsonable(info)})
             elapsed = time.perf_counter() - start[i]
             if elapsed > cfg.episode_timeout_s:

@@ -6,11 +6,16 @@ messages to append (environment feedback, usually one user message), the
 reward (0 until the episode ends: a terminal-reward setting), and whether the
 episode ended by itself (terminated) or ran out of budget (truncated). The
 agent loop enforces the turn and token budgets on top of ``max_turns``.
+An environment whose instances wait on I/O and may run side by side (one
+browser each) says ``concurrent = True``: :func:`call_envs` then runs the
+resets, or the steps of one turn, of a batch on threads.
 """
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, Any]
@@ -52,6 +57,27 @@ def make(name: str, sandbox=None, **kwargs) -> Env:
     if sandbox is not None and "sandbox" in inspect.signature(factory).parameters:
         kwargs["sandbox"] = sandbox
     return factory(**kwargs)
+
+
+def call_envs(calls: list[tuple[Env, str, Any]]) -> list[tuple[Any, Exception | None, float]]:
+    """``(result, error, seconds)`` of ``getattr(env, method)(arg)`` for each ``(env, method, arg)``, in order.
+
+    On threads, all at once, when every env says ``concurrent = True``; otherwise one after another. An
+    ``Exception`` is returned as the error; anything else (KeyboardInterrupt) propagates. The results are
+    the same whichever call finishes first.
+    """
+    def one(call):
+        env, method, arg = call
+        t = time.perf_counter()
+        try:
+            return getattr(env, method)(arg), None, time.perf_counter() - t
+        except Exception as e:  # noqa: BLE001 - the caller decides (the agent loop fails the episode)
+            return None, e, time.perf_counter() - t
+
+    if len(calls) > 1 and all(getattr(env, "concurrent", False) for env, _, _ in calls):
+        with ThreadPoolExecutor(len(calls), thread_name_prefix="esopt-env") as ex:
+            return list(ex.map(one, calls))
+    return [one(c) for c in calls]
 
 
 def registered() -> list[str]:

@@ -6,7 +6,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import psutil
 import pytest
@@ -15,6 +15,7 @@ from esopt_mp.agent.loop import AgentConfig, run_episodes
 from esopt_mp.envs import make
 from esopt_mp.envs.web import demo
 from esopt_mp.envs.web.config import WebConfig
+from esopt_mp.envs.web.env import close_all
 from tests.web.conftest import SITES
 from tests.web.scripted import ScriptedEngine
 
@@ -90,23 +91,80 @@ def test_unreachable_site_fails_its_episode_and_the_others_go_on():
     assert SITES["reddit"].startswith("http://127.0.0.1:") and not _browsers()
 
 
-def test_sigterm_leaves_no_browser_behind(tmp_path):
-    code = ("import sys, time; sys.path.insert(0, %r)\n"
-            "from esopt_mp.envs import make; from esopt_mp.envs.web import demo; from esopt_mp.envs.web.config import WebConfig\n"
-            "e = make('webarena_lite', web=WebConfig(settle_s=0.0)); e.reset(demo.tasks(1)[0]); print('READY', flush=True)\n"
-            "time.sleep(120)\n") % os.getcwd()
+@pytest.mark.parametrize("handler", [True, False])
+def test_sigterm_handler_closes_browsers_a_forked_process_would_keep_alive(handler):
+    """The SIGTERM handler is what closes the browsers when the process dies while a fork of it lives.
+
+    Without a handler a process killed by SIGTERM usually leaves no browser either: playwright's driver (node)
+    sees its stdin pipe close and kills the browsers it launched. But a process forked after the browser started
+    (a data loader, a sandbox, ``os.fork``) inherits that pipe and keeps it open, so the driver and every
+    Chromium process outlive the trainer. The child here forks such a process; with the handler removed the
+    browsers are still running after the child died (the case the handler exists for), with it they are closed,
+    and the handler re-raises SIGTERM so the child's exit status is still -SIGTERM.
+    """
+    code = ("import os, signal, sys, time; sys.path.insert(0, %r)\n"
+            "from esopt_mp.envs import make; from esopt_mp.envs.web import demo\n"
+            "from esopt_mp.envs.web.config import WebConfig\n"
+            "e = make('webarena_lite', web=WebConfig(settle_s=0.0)); e.reset(demo.tasks(1)[0])\n"
+            "%s\n"
+            "pid = os.fork()\n"
+            "if pid == 0: time.sleep(90); os._exit(0)\n"
+            "print('READY', pid, flush=True); time.sleep(120)\n"
+            ) % (os.getcwd(), "" if handler else "signal.signal(signal.SIGTERM, signal.SIG_DFL)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    fork, kids = None, []
     try:
-        assert p.stdout.readline().strip() == "READY"
+        ready, pid = p.stdout.readline().split()
+        fork = psutil.Process(int(pid))
         kids = [c for c in psutil.Process(p.pid).children(recursive=True) if "chrom" in c.name().lower()]
-        assert kids, "the episode's browser is running"
+        assert ready == "READY" and kids, "the episode's browser is running"
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == -signal.SIGTERM
-        gone, alive = psutil.wait_procs(kids, timeout=15)
-        assert not alive, f"browser processes outlived SIGTERM: {[k.pid for k in alive]}"
+        gone, alive = psutil.wait_procs(kids, timeout=15 if handler else 3)
+        assert fork.is_running(), "the forked process still holds the driver's pipes"
+        if handler:
+            assert not alive, f"browser processes outlived SIGTERM: {[k.pid for k in alive]}"
+        else:
+            assert alive, "without the handler the browsers outlive the process (the fork keeps their driver)"
     finally:
         if p.poll() is None:
             p.kill()
+        if fork is not None:
+            fork.kill()  # the driver then sees its pipe close and takes the browsers down
+        _, alive = psutil.wait_procs(kids, timeout=15)
+        for k in alive:
+            k.kill()
+
+
+class _SiteKiller(ScriptedEngine):
+    """Shuts ``server`` down at the first generation: after every reset, before any step."""
+
+    def __init__(self, replies, server):
+        super().__init__(replies)
+        self.server = server
+
+    def generate(self, convs, new_ids, params):
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        return super().generate(convs, new_ids, params)
+
+
+def test_site_dying_mid_episode_fails_that_episode_and_the_batch_goes_on():
+    """Its server stops after reset: the next page load fails, the site probe says down -> NaN; others score 1."""
+    srv, url = demo.serve()
+    tasks = [demo.tasks(1, first_seed=1, url=url)[0], *demo.tasks(1, first_seed=3), *demo.tasks(1, first_seed=5)]
+    envs = [make("webarena_lite", max_turns=3, web=CFG) for _ in tasks]
+    replies = [[f'goto("{url}/?seed=1")'], *([f'send_msg_to_user("{demo.code_of(t["seed"])}")'] for t in tasks[1:])]
+    eps = run_episodes(_SiteKiller(replies, srv), envs, tasks, [0, 1, 2], AgentConfig(max_turns=3))
+    assert math.isnan(eps[0].ret) and eps[0].ended == "failed", eps[0]
+    assert "SiteDown" in eps[0].error and f"site demo ({url}) stopped answering" in eps[0].error
+    assert [(e.ret, e.ended) for e in eps[1:]] == [(1.0, "terminated")] * 2
+    assert all(e.gym is None for e in envs) and not _browsers()
+    assert close_all() == 0  # nothing open; the idle browser threads and their playwright drivers stop
+    assert not [t for t in threading.enumerate() if t.name == "esopt-web-browser"]
+    assert not [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_step_past_its_time_limit_raises_and_closes():

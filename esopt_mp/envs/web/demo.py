@@ -4,7 +4,8 @@ The site is served from a thread of the process that plays the episodes,
 started at the first reset; nothing leaves the machine. Two task kinds, each
 varied by the task's seed: ``form`` (type a name into a field and submit;
 scored from the URL the form leads to) and ``code`` (read a number off the
-page and answer it with ``send_msg_to_user``). Either scores 1 or 0.
+page and answer it with ``send_msg_to_user``). Either scores 1 or 0. A task
+dict with a ``url`` plays on that site instead (a test's own server).
 """
 from __future__ import annotations
 
@@ -64,31 +65,37 @@ def serve(login_only: bool = False) -> tuple[http.server.ThreadingHTTPServer, st
 
 
 _SITE: dict = {}
+_LOCK = threading.RLock()  # episodes reset on several threads at once (esopt_mp.envs.base.call_envs)
 
 
 def site_url() -> str:
-    if "url" not in _SITE:
-        _SITE["server"], _SITE["url"] = serve()
-    return _SITE["url"]
+    with _LOCK:
+        if "url" not in _SITE:
+            _SITE["server"], _SITE["url"] = serve()
+        return _SITE["url"]
 
 
-def tasks(n: int, first_seed: int = 0) -> list[dict]:
-    """``n`` demo tasks (kinds alternate, seeds from ``first_seed``) as environment task dicts."""
-    return [{"id": f"demo.{KINDS[s % 2]}.{s}", "gym_id": f"browsergym/esopt_demo.{KINDS[s % 2]}", "seed": s}
-            for s in range(first_seed, first_seed + n)]
+def tasks(n: int, first_seed: int = 0, url: str | None = None) -> list[dict]:
+    """``n`` demo tasks (kinds alternate, seeds from ``first_seed``) as environment task dicts, on ``url``'s site."""
+    return [{"id": f"demo.{KINDS[s % 2]}.{s}", "gym_id": f"browsergym/esopt_demo.{KINDS[s % 2]}", "seed": s,
+             **({"url": url} if url else {})} for s in range(first_seed, first_seed + n)]
 
 
 def register() -> None:
     """Register ``browsergym/esopt_demo.{form,code}`` (once per process)."""
-    if _SITE.get("registered"):
-        return
+    with _LOCK:
+        if not _SITE.get("registered"):
+            _register()
+
+
+def _register() -> None:
     from browsergym.core.registration import register_task
     from browsergym.core.task import AbstractBrowserTask
 
     class DemoTask(AbstractBrowserTask):
-        def __init__(self, seed: int, kind: str = "form"):
+        def __init__(self, seed: int, kind: str = "form", url: str | None = None):
             super().__init__(seed)
-            self.kind, self.seed = kind, seed
+            self.kind, self.seed, self.url = kind, seed, url
             self.slow_mo, self.timeout = 0, 10000
             self.viewport = {"width": 1024, "height": 600}
 
@@ -97,7 +104,7 @@ def register() -> None:
             return "esopt_demo"
 
         def setup(self, page):
-            page.goto(f"{site_url()}/?seed={self.seed}")
+            page.goto(f"{self.url or site_url()}/?seed={self.seed}")
             if self.kind == "form":
                 return f"Type {NAMES[self.seed % len(NAMES)]} into the Name field and submit the form.", {}
             return "What is the secret code on the page? Answer with send_msg_to_user.", {}
@@ -117,5 +124,5 @@ def register() -> None:
             return float(str(code_of(self.seed)) in answers[-1]), True, "", {"answer": answers[-1]}
 
     for kind in KINDS:
-        register_task(f"esopt_demo.{kind}", DemoTask, task_kwargs={"kind": kind})
+        register_task(f"esopt_demo.{kind}", DemoTask, task_kwargs={"kind": kind}, default_task_kwargs={"url": None})
     _SITE["registered"] = True

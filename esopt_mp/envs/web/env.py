@@ -6,19 +6,29 @@ high-level action (:mod:`.actions`); an unparseable reply costs a turn and
 returns the parse feedback with the unchanged page. The reward is BrowserGym's
 (the WebArena evaluators for WebArena tasks), given when the task says done.
 Browser faults (a site that stops answering, a step past its time limit)
-raise, and the agent loop turns the episode's return into NaN.
+raise, and the agent loop turns the episode's return into NaN. A site that
+stops answering mid-episode shows up as a network error of an action or a
+Chromium error page; the task's sites are then probed, and one that does not
+answer is a fault (:class:`SiteDown`), not feedback to the model.
+Each episode's BrowserGym env lives on its own thread (:mod:`.worker`), so the
+envs of a batch may step at once (``concurrent = True``, see
+:func:`esopt_mp.envs.base.call_envs`).
 A task dict: ``{"id", "gym_id", "sites"?, "seed"?}`` (:func:`.tasks.select`).
 """
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import signal
+import threading
 import time
+import urllib.error
+import urllib.request
 import weakref
 
 from esopt_mp.envs.base import register
-from esopt_mp.envs.web import stack
+from esopt_mp.envs.web import stack, worker
 from esopt_mp.envs.web.actions import USAGE, ActionError, parse_action
 from esopt_mp.envs.web.config import WebConfig
 from esopt_mp.envs.web.observation import render
@@ -30,13 +40,22 @@ SYSTEM = ("You are a web agent. Each turn you see the goal, the page's accessibi
           "report_infeasible(\"...\").")
 _LIVE: "weakref.WeakSet[WebArenaLiteEnv]" = weakref.WeakSet()
 _CHECKED: dict = {}
+_READY_LOCK = threading.Lock()
+
+
+class SiteDown(RuntimeError):
+    """A site the task needs stopped answering during the episode."""
 
 
 def close_all() -> int:
-    """Close every open browser of this process (atexit, SIGTERM); returns how many were open."""
+    """Close every open browser of this process and stop the idle browser threads (atexit, SIGTERM).
+
+    Returns how many browsers were open.
+    """
     n = 0
     for env in list(_LIVE):
         n += env.close()
+    worker.stop_idle(timeout=5.0)
     return n
 
 
@@ -47,34 +66,39 @@ def _on_term(signum, frame):  # installed only where nobody else handles SIGTERM
 
 
 def _install_exit_hooks() -> None:
-    if _CHECKED.get("hooks"):
+    """atexit, and a SIGTERM handler where nobody handles SIGTERM (signal handlers are set on the main thread only,
+    hence also called when an env is made: resets may run on the threads of :func:`esopt_mp.envs.base.call_envs`)."""
+    if not _CHECKED.get("atexit"):
+        _CHECKED["atexit"] = True
+        atexit.register(close_all)
+    if _CHECKED.get("sigterm") or threading.current_thread() is not threading.main_thread():
         return
-    _CHECKED["hooks"] = True
-    atexit.register(close_all)
-    try:
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, _on_term)
-    except ValueError:  # not the main thread: atexit (and the trainer's own handler) remain
-        pass
+    _CHECKED["sigterm"] = True
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _on_term)
 
 
 def ensure_ready(cfg: WebConfig) -> dict:
     """The stack check (:func:`.stack.check`), once per process and configuration."""
     key = (cfg.chromium, cfg.browsers_path, cfg.nltk_data)
-    if key not in _CHECKED:
-        _CHECKED[key] = stack.check(*key)
-    return _CHECKED[key]
+    with _READY_LOCK:  # resets may run on several threads; the check exports env variables
+        if key not in _CHECKED:
+            _CHECKED[key] = stack.check(*key)
+        return _CHECKED[key]
 
 
 @register("webarena_lite")
 class WebArenaLiteEnv:
     name = "webarena_lite"
+    concurrent = True  # reset/step wait on a browser, on this instance's own thread: a batch may run them at once
 
     def __init__(self, max_turns: int = 30, web: WebConfig | None = None):
         self.max_turns = max_turns
         self.cfg = web or WebConfig()
         self.gym = None
         self.task = None
+        self._worker: worker.Worker | None = None
+        _install_exit_hooks()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _open(self, task: dict):
@@ -90,23 +114,33 @@ class WebArenaLiteEnv:
             demo.register()
         actions = HighLevelActionSet(subsets=["chat", "infeas", "bid", "nav", "tab"], multiaction=False, strict=True)
         _install_exit_hooks()
-        self.gym = gym.make(task["gym_id"], headless=True, slow_mo=0, timeout=int(self.cfg.step_timeout_s * 1000),
-                            pre_observation_delay=self.cfg.settle_s, action_mapping=actions.to_python_code,
-                            wait_for_user_message=False)
+        worker.patch_browsergym()
+        extra = {"task_kwargs": {"url": task["url"]}} if task.get("url") else {}  # a demo task on its own site
+        self._worker = self._worker or worker.lease()
+        self.gym = self._worker.call(gym.make, task["gym_id"], headless=True, slow_mo=0,
+                                     timeout=int(self.cfg.step_timeout_s * 1000),
+                                     pre_observation_delay=self.cfg.settle_s, action_mapping=actions.to_python_code,
+                                     wait_for_user_message=False, **extra)
         _LIVE.add(self)
-        return self.gym.reset(seed=int(task.get("seed", 0)))
+        return self._worker.call(self.gym.reset, seed=int(task.get("seed", 0)))
 
     def close(self) -> int:
-        """Close this episode's browser (idempotent); 1 if one was open."""
+        """Close this episode's browser (idempotent) and hand its thread back; 1 if a browser was open."""
         g, self.gym = self.gym, None
+        w, self._worker = self._worker, None
         _LIVE.discard(self)
-        if g is None:
-            return 0
-        try:
-            g.close()
-        except Exception as e:  # noqa: BLE001 - a dead browser must not hide the episode's own error
-            log.warning("closing the browser: %s: %s", type(e).__name__, e)
-        return 1
+        healthy = True
+        if g is not None:
+            try:
+                w.call(g.close, timeout_s=self.cfg.step_timeout_s + 10)
+            except Exception as e:  # noqa: BLE001 - a dead browser must not hide the episode's own error
+                log.warning("closing the browser: %s: %s", type(e).__name__, e)
+                healthy = False
+        if w is not None and healthy:
+            worker.release(w)
+        elif w is not None:  # failed to close (maybe still stuck in a call): not reused
+            w.stop(timeout=0)
+        return int(g is not None)
 
     def __del__(self):
         self.close()
@@ -141,8 +175,9 @@ class WebArenaLiteEnv:
             return [{"role": "user", "content": text}], 0.0, False, out_of_turns, {"action": None, "feedback": str(e)}
         try:
             t = time.perf_counter()
-            obs, reward, term, trunc, info = self.gym.step(action)
+            obs, reward, term, trunc, info = self._worker.call(self.gym.step, action)
             step_s, total = time.perf_counter() - t, time.perf_counter() - self.t0
+            self._check_sites(obs)
             if step_s > self.cfg.step_timeout_s:
                 raise TimeoutError(f"browser step took {step_s:.1f} s > env.web.step_timeout_s={self.cfg.step_timeout_s:g}")
             if total > self.cfg.episode_timeout_s:
@@ -159,11 +194,36 @@ class WebArenaLiteEnv:
         text = render(obs, self._tree(obs), self.cfg.obs_tokens, self.goal)
         return [{"role": "user", "content": text}], float(reward), False, False, meta
 
+    def _check_sites(self, obs: dict) -> None:
+        """After a network error or a Chromium error page: raise :class:`SiteDown` if a task's site is down."""
+        error_page = str(obs.get("url", "")).startswith("chrome-error://")
+        if not (error_page or "net::ERR_" in (obs.get("last_action_error") or "")):
+            return  # the model's own bad URL also lands here: only a site of the task that fails a probe is a fault
+        for site, url in _site_urls(self.task).items():
+            try:
+                urllib.request.urlopen(url, timeout=min(10.0, self.cfg.step_timeout_s)).close()
+            except urllib.error.HTTPError as e:
+                if e.code >= 500:
+                    raise SiteDown(f"site {site} ({url}) answers HTTP {e.code}") from None
+            except (OSError, ValueError) as e:
+                raise SiteDown(f"site {site} ({url}) stopped answering: {getattr(e, 'reason', e)}") from None
+
     def _tree(self, obs: dict) -> str:
         from browsergym.utils.obs import flatten_axtree_to_str
 
         return flatten_axtree_to_str(obs["axtree_object"], extra_properties=obs.get("extra_element_properties"),
                                      filter_visible_only=False)
+
+
+def _site_urls(task: dict) -> dict:
+    """The sites a task's episode needs: its WebArena sites (``WA_*``), or the demo site."""
+    if task["gym_id"].startswith("browsergym/esopt_demo."):
+        from esopt_mp.envs.web import demo
+
+        return {"demo": task.get("url") or demo.site_url()}
+    from esopt_mp.envs.web.tasks import site_var
+
+    return {s: os.environ.get(site_var(s), "") for s in task.get("sites", ())}
 
 
 def _goal_text(obs: dict) -> str:

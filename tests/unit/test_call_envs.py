@@ -1,0 +1,89 @@
+"""call_envs: the envs of a batch reset/step at once only when they say ``concurrent``; results never depend on
+which call finishes first. The browser worker thread: every call of one episode runs on its one thread."""
+import math
+import threading
+import time
+
+import pytest
+
+from esopt_mp.agent.loop import AgentConfig, run_episodes
+from esopt_mp.envs.base import call_envs
+from esopt_mp.envs.web import worker
+from tests.web.scripted import ScriptedEngine
+
+
+class _Env:
+    """Replies after ``delay`` s; with ``barrier``, a step only returns once every env of the batch is inside it."""
+
+    name, max_turns, concurrent = "fake", 3, True
+
+    def __init__(self, k, delay=0.0, barrier=None, fail_at=None):
+        self.k, self.delay, self.barrier, self.fail_at, self.threads, self.turn = k, delay, barrier, fail_at, set(), 0
+
+    def reset(self, task):
+        self.turn = 0
+        return [{"role": "user", "content": f"task {task['id']}"}], {}
+
+    def step(self, text):
+        self.threads.add(threading.current_thread().name)
+        if self.barrier is not None:
+            self.barrier.wait()  # BrokenBarrierError unless all envs of the turn step at the same time
+        time.sleep(self.delay)
+        self.turn += 1
+        if self.turn == self.fail_at:
+            raise ConnectionError(f"env {self.k} lost its site")
+        done = self.turn == 2
+        return ([] if done else [{"role": "user", "content": f"{self.k}:{self.turn}"}]), float(done) * self.k, done, \
+            False, {"turn": self.turn}
+
+
+def test_concurrent_envs_step_at_once_and_results_stay_in_order():
+    barrier = threading.Barrier(3, timeout=10)
+    envs = [_Env(k, delay=0.05 * (3 - k), barrier=barrier) for k in range(3)]  # the last finishes first
+    out = call_envs([(e, "step", "x") for e in envs])
+    assert [o[0][4]["turn"] for o in out] == [1, 1, 1] and [o[1] for o in out] == [None] * 3
+    assert [o[0][1] for o in out] == [0.0, 0.0, 0.0] and all(o[2] >= 0 for o in out)
+    assert all(e.threads and e.threads.isdisjoint({threading.current_thread().name}) for e in envs)
+
+
+def test_other_envs_run_one_after_another_on_the_callers_thread():
+    envs = [_Env(k) for k in range(3)]
+    for e in envs:
+        e.concurrent = False
+    out = call_envs([(e, "step", "x") for e in envs])
+    assert [o[1] for o in out] == [None] * 3
+    assert all(e.threads == {threading.current_thread().name} for e in envs)
+
+
+def test_errors_are_returned_per_call():
+    envs = [_Env(0, fail_at=1), _Env(1)]
+    (_, err0, _), (res1, err1, _) = call_envs([(e, "step", "x") for e in envs])
+    assert isinstance(err0, ConnectionError) and "env 0" in str(err0) and err1 is None and res1[4]["turn"] == 1
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_run_episodes_gives_the_same_episodes_either_way(concurrent):
+    """Step durations reversed against the env order: returns, failures and turns as in a sequential run."""
+    envs = [_Env(k, delay=0.02 * (4 - k), fail_at=2 if k == 1 else None) for k in range(4)]
+    for e in envs:
+        e.concurrent = concurrent
+    tasks = [{"id": k} for k in range(4)]
+    eps = run_episodes(ScriptedEngine([["a", "b"]] * 4), envs, tasks, [0, 1, 2, 3], AgentConfig(max_turns=3))
+    assert [e.ret for e in eps if not math.isnan(e.ret)] == [0.0, 2.0, 3.0]
+    assert math.isnan(eps[1].ret) and eps[1].error == "step 2: ConnectionError: env 1 lost its site"
+    assert [len(e.turns) for e in eps] == [2, 1, 2, 2]
+    assert [e.ended for e in eps] == ["terminated", "failed", "terminated", "terminated"]
+    assert eps[2].turns[0]["messages"] == [{"role": "user", "content": "2:1"}]
+
+
+def test_worker_runs_every_call_on_its_one_thread_and_stops():
+    w = worker.Worker()
+    names = {w.call(lambda: threading.current_thread().name) for _ in range(3)}
+    assert names == {"esopt-web-browser"} and w.call(divmod, 7, 2) == (3, 1)
+    with pytest.raises(ZeroDivisionError):
+        w.call(divmod, 1, 0)
+    ident = w.call(threading.get_ident)
+    worker.release(w)
+    assert worker.lease() is w and w.call(threading.get_ident) == ident  # an idle worker is reused
+    worker.release(w)
+    assert worker.stop_idle(timeout=5) >= 1 and not w.alive()

@@ -85,8 +85,12 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[int], cfg: AgentConfig,
-                 dims=None) -> list[Episode]:
-    """Play one episode per (env, task) concurrently; on TP leaders (or without TP)."""
+                 dims=None, contexts: list[str] | None = None) -> list[Episode]:
+    """Play one episode per (env, task) concurrently; on TP leaders (or without TP).
+
+    ``contexts``: per episode, text appended to the opening system message (a new one if the env sends none);
+    '' adds nothing. This is where a context optimiser's current context reaches the model.
+    """
     chan = TPChannel(dims)
     tok = engine.tokenizer
     im_end = tok.convert_tokens_to_ids(IM_END)
@@ -102,6 +106,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
         except Exception as e:  # noqa: BLE001 - any env failure marks the episode, never the step
             _fail(episodes[i], f"reset: {type(e).__name__}: {e}")
             continue
+        if contexts and contexts[i]:
+            msgs = inject_context(msgs, contexts[i])
         prompts[i] = opening_text(msgs)
         new_ids[i] = _encode(tok, prompts[i])
         live.append(i)
@@ -143,6 +149,15 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     for ep, conv in zip(episodes, convs):
         ep.token_ids = list(conv.ids)
     return episodes
+
+
+def inject_context(messages: list[dict], context: str) -> list[dict]:
+    """``messages`` with ``context`` appended to the first system message (or a system message put first)."""
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content') or ''}\n\n{context}"
+        return out
+    return [{"role": "system", "content": context}] + out
 
 
 def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]:

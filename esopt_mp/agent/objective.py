@@ -124,7 +124,14 @@ class AgentObjective:
         if self.context is not None and tags.get("kind") == "train":
             from esopt_mp.prompt import Trajectory
 
-            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1)) for e in eps]
+            extract = None
+            if self.cfg.name == "heuristic":  # the env's own extraction: the program it evaluated
+                from esopt_mp.envs.heuristic import extract_code
+                from esopt_mp.envs.toolcalls import build_parser
+
+                parser = build_parser("any")
+                extract = lambda text: extract_code(text, parser)  # noqa: E731
+            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract) for e in eps]
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
 

@@ -180,7 +180,7 @@ class HeuristicEnv:
         if self.best is None or res.score > self.best.score:
             self.best = res
         key = self.problem.objective_key
-        info = {key: res.objective, "score": res.score, "error": res.error, "code": code or "", **res.details,
+        info = {key: res.objective, "score": res.score, "error": res.error, **res.details,
                 f"best_{key}": self.best.objective, "best_score": self.best.score}
         done = self.turn >= self.max_turns
         if done:

@@ -38,15 +38,19 @@ class Trajectory:
     member: int = -1
 
     @classmethod
-    def from_turns(cls, ret: float, turns: list[dict], member: int = -1) -> "Trajectory":
-        """From an agent episode's turns: a turn whose info carries a ``score`` evaluated one program."""
+    def from_turns(cls, ret: float, turns: list[dict], member: int = -1, extract=None) -> "Trajectory":
+        """From an agent episode's turns: a turn whose info carries a ``score`` evaluated one program.
+
+        The program is ``info["code"]`` if the environment reports it, else ``extract(response)`` (the
+        environment's own code extraction, so the text is exactly what it evaluated).
+        """
         progs = []
         for t in turns:
             info = t.get("info") or {}
             if "score" in info:
                 s = info["score"]
-                progs.append(Program(info.get("code") or "", float(s) if s is not None else math.nan,
-                                     info.get("error")))
+                code = info.get("code") or (extract(t.get("response", "")) if extract else None) or ""
+                progs.append(Program(code, float(s) if s is not None else math.nan, info.get("error")))
         return cls(ret, [t.get("response", "") for t in turns], progs, member)
 
 

@@ -20,6 +20,12 @@ def test_trajectory_counts_every_evaluated_turn():
              {"response": "c", "info": {}}]
     t = Trajectory.from_turns(-1.0, turns)
     assert len(t.programs) == 2 and [p.valid for p in t.programs] == [True, False]
+    from esopt_mp.envs.heuristic import extract_code
+    from esopt_mp.envs.toolcalls import build_parser
+
+    turns = [{"response": "try:\n```python\ndef score(item, bins):\n    return bins\n```", "info": {"score": -0.1}}]
+    t = Trajectory.from_turns(-0.1, turns, extract=lambda x: extract_code(x, build_parser("any")))
+    assert t.programs == [Program("def score(item, bins):\n    return bins\n", -0.1, None)]
 
 
 def test_sample_keeps_the_best_valid_program_and_injects_nothing():

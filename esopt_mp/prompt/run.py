@@ -5,7 +5,7 @@ steps from the same trajectories; ``alternate`` updates the weights on even step
 ``prompt_only`` never perturbs or updates the weights (pure prompt search: the members play the unperturbed
 model with their own sampling seeds, so the number of programs evaluated stays that of an ES step).
 Each ledger record carries ``context`` (the hash the step played), ``context_next`` (after the step) and
-``programs`` (programs evaluated); the texts live in ``run.dir/contexts``.
+``programs`` (programs evaluated, ``valid_programs`` of them without error); the texts live in ``run.dir/contexts``.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class ContextRun:
         self.hash = self.store.put(self.text)
         self.initial_hash = self.hash
         self.programs = 0  # evaluated over the whole run (restored from the ledger on resume)
+        self.valid = 0  # of which ran without error (the ones a search may keep)
 
     def es_on(self, t: int) -> bool:
         return self.cfg.mode == "joint" or (self.cfg.mode == "alternate" and t % 2 == 0)
@@ -51,17 +52,20 @@ class ContextRun:
         self.hash = entries[-1]["context_next"]
         self.text = self.store.get(self.hash)
         self.programs = sum(int(e.get("programs", 0)) for e in entries)
+        self.valid = sum(int(e.get("valid_programs", 0)) for e in entries)
         log.info("context %s restored after step %d (%d programs evaluated so far)", self.hash,
                  entries[-1]["step"], self.programs)
 
     def step(self, t: int, trajectories: list[Trajectory]) -> dict:
         """Ledger fields of step ``t``; updates the context when the schedule says so."""
         n = sum(len(tr.programs) for tr in trajectories)
+        ok = sum(p.valid for tr in trajectories for p in tr.programs)
         self.programs += n
+        self.valid += ok
         played = self.hash
         if self.ctx_on(t):
             self.text = self.optimiser.update(trajectories, self.text, t)
             self.hash = self.store.put(self.text)
             if self.hash != played:
                 log.info("step %d: context %s -> %s", t, played, self.hash)
-        return {"context": played, "context_next": self.hash, "programs": n}
+        return {"context": played, "context_next": self.hash, "programs": n, "valid_programs": ok}

@@ -4,8 +4,9 @@ Schedules (``prompt.mode``): ``joint`` updates the weights every step and the co
 steps from the same trajectories; ``alternate`` updates the weights on even steps and the context on odd steps;
 ``prompt_only`` never perturbs or updates the weights (pure prompt search: the members play the unperturbed
 model with their own sampling seeds, so the number of programs evaluated stays that of an ES step).
-Each ledger record carries ``context`` (the hash the step played), ``context_next`` (after the step) and
-``programs`` (programs evaluated, ``valid_programs`` of them without error); the texts live in ``run.dir/contexts``.
+Each ledger record carries ``context`` (the hash the step played), ``context_next`` (after the step),
+``programs`` (programs evaluated) and ``valid_programs`` (of them, without error); the texts live in
+``run.dir/contexts``.
 """
 from __future__ import annotations
 

@@ -152,3 +152,36 @@ def test_default_prompt_section_keeps_the_hash():
     on = build_config({"objective": {"name": "agent"}, "env": {"name": "heuristic"}, "prompt": {"optimiser": "eoh"}})
     off = build_config({"objective": {"name": "agent"}, "env": {"name": "heuristic"}})
     assert on.hash(None) != off.hash(None)
+
+
+def test_eoh_es_profile_composes_with_the_test_time_sigma_schedule():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from esopt_mp.es import Schedule
+
+    configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+    with initialize_config_dir(config_dir=configs, version_base="1.3"):
+        cfg = build_config(OmegaConf.to_container(compose("config", overrides=["+experiment=ahd_eoh_es"]),
+                                                  resolve=True), 1)
+    s = cfg.es.sigma
+    assert (cfg.prompt.optimiser, cfg.prompt.mode, cfg.env.name) == ("eoh", "joint", "heuristic")
+    assert Schedule(s.kind, s.start, s.end, s.steps)(cfg.es.steps - 1) == 0.0 < s.start  # sigma_T = 0 at the last step
+
+
+@pytest.mark.slow
+def test_ahd_table_runs_at_equal_budget(tmp_path, monkeypatch, capsys):
+    """The table script end to end on the tiny agent: four methods, equal counted budgets, a markdown table."""
+    from tools import ahd_table
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(sys, "argv", ["ahd_table", "--problems", "bpp_online", "--seeds", "0", "--steps", "1",
+                                      "--population", "2", "--episodes", "1", "--max-new-tokens", "8",
+                                      "--out", str(tmp_path)])
+    ahd_table.main()
+    out = json.loads(capsys.readouterr().out)
+    cells = out["results"]["bpp_online"]
+    assert set(cells) == set(ahd_table.METHODS) and {c[0]["programs"] for c in cells.values()} == {2}
+    assert all(c[0]["objective"] > 0 for c in cells.values())  # a gap to the bound, of the best (or seed) heuristic
+    with open(tmp_path / "table.md") as f:
+        assert "| bpp_online (gap, lower) |" in f.read()

@@ -183,7 +183,7 @@ class ESTrainer:
                 restore_s += _since(t1)
         t_eval = time.perf_counter()
         returns = gather_returns(local, es.population, dims)
-        weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: a no-op update
+        weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()
         self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
         update_s = _since(t1)

@@ -69,3 +69,25 @@ def test_inject_context_appends_to_the_system_prompt():
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     assert inject_context(msgs, "C")[0]["content"] == "S\n\nC" and msgs[0]["content"] == "S"
     assert inject_context(msgs[1:], "C")[0] == {"role": "system", "content": "C"}
+
+
+def test_schedules_and_restore_checks(tmp_path):
+    from esopt_mp.config import PromptConfig
+    from esopt_mp.prompt.run import ContextRun
+
+    def run(**kw):
+        return ContextRun(PromptConfig(optimiser="eoh", **kw), REF, str(tmp_path))
+
+    alt, joint, only = run(mode="alternate"), run(mode="joint", every=3), run(mode="prompt_only", every=2)
+    assert [(alt.es_on(t), alt.ctx_on(t)) for t in range(4)] == [(True, False), (False, True)] * 2
+    assert [joint.ctx_on(t) for t in range(6)] == [False, False, True] * 2 and all(joint.es_on(t) for t in range(6))
+    assert [only.ctx_on(t) for t in range(4)] == [False, True] * 2 and not any(only.es_on(t) for t in range(4))
+    rec = joint.step(0, [_traj(("a", -1.0, None), ("b", 0.0, "err"))])  # not a context step: kept, still counted
+    assert rec == {"context": joint.hash, "context_next": joint.hash, "programs": 2, "valid_programs": 1}
+    rec2 = joint.step(2, [_traj(("a", -1.0, None))])
+    assert rec2["context_next"] != rec2["context"] and "a" in json.dumps(json.loads(joint.text))
+    fresh = run(mode="joint", every=3)
+    fresh.restore([dict(rec, step=0), dict(rec, step=1), dict(rec2, step=2)])
+    assert (fresh.text, fresh.programs, fresh.valid) == (joint.text, 3, 2)
+    with pytest.raises(ValueError, match="prompt"):  # a ledger that started from another context
+        ContextRun(PromptConfig(optimiser="sample"), REF, str(tmp_path)).restore([dict(rec2, step=0)])

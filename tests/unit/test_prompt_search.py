@@ -87,7 +87,7 @@ def test_schedules_and_restore_checks(tmp_path):
     rec2 = joint.step(2, [_traj(("a", -1.0, None))])
     assert rec2["context_next"] != rec2["context"] and "a" in json.dumps(json.loads(joint.text))
     fresh = run(mode="joint", every=3)
-    fresh.restore([dict(rec, step=0), dict(rec, step=1), dict(rec2, step=2)])
+    fresh.restore([dict(rec, step=0), dict(rec2, step=1)])
     assert (fresh.text, fresh.programs, fresh.valid) == (joint.text, 3, 2)
     with pytest.raises(ValueError, match="prompt"):  # a ledger that started from another context
         ContextRun(PromptConfig(optimiser="sample"), REF, str(tmp_path)).restore([dict(rec2, step=0)])

@@ -78,7 +78,7 @@ def held_out(problem: str, code: str, seed: int) -> float:
 def table(results: dict, problems: list[str]) -> str:
     from esopt_mp.envs import ahd
 
-    head = "| problem (objective, better) | " + " | ".join(METHODS) + " | programs/run |"
+    head = "| problem (objective, better) | " + " | ".join(METHODS) + " | programs/run |"  # valid: over all seeds
     lines = [head, "|" + "---|" * (len(METHODS) + 2)]
     for p in problems:
         prob = ahd.get(p)
@@ -86,7 +86,8 @@ def table(results: dict, problems: list[str]) -> str:
         for m in METHODS:
             xs = [r["objective"] for r in results[p][m]]
             sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-            cells.append(f"{statistics.mean(xs):.4f} ± {sd:.4f}")
+            valid = sum(r["valid_programs"] for r in results[p][m])
+            cells.append(f"{statistics.mean(xs):.4f} ± {sd:.4f} ({valid} valid)")
         budget = results[p]["Sample"][0]["programs"]
         lines.append(f"| {p} ({prob.objective_key}, {'lower' if prob.sense == 'min' else 'higher'}) | "
                      + " | ".join(cells) + f" | {budget} |")

@@ -260,6 +260,28 @@ class RunConfig:
         _check(self.keep_checkpoints >= 0, f"{key}.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
 
 
+PROMPT_OPTIMISERS = ("none", "sample", "eoh")
+PROMPT_MODES = ("joint", "alternate", "prompt_only")
+
+
+@dataclasses.dataclass
+class PromptConfig:
+    """The context optimiser (esopt_mp/prompt) and when it runs beside ES; ``none`` (default) leaves runs as before."""
+    optimiser: str = "none"  # none | sample | eoh (heuristic env: the search state is the context)
+    mode: str = "joint"  # joint (ES every step, context every k) | alternate | prompt_only (ES off)
+    every: int = 1  # joint / prompt_only: update the context after every k-th step
+    population: int = 4  # eoh: survivors kept
+    parents: int = 2  # eoh: parents of a crossover prompt
+
+    def validate(self, key: str = "prompt") -> None:
+        _check(self.optimiser in PROMPT_OPTIMISERS, f"{key}.optimiser",
+               f"must be one of {PROMPT_OPTIMISERS}, got {self.optimiser!r}")
+        _check(self.mode in PROMPT_MODES, f"{key}.mode", f"must be one of {PROMPT_MODES}, got {self.mode!r}")
+        _check(self.every >= 1, f"{key}.every", f"must be >= 1, got {self.every}")
+        _check(self.population >= 1, f"{key}.population", f"must be >= 1, got {self.population}")
+        _check(self.parents >= 2, f"{key}.parents", f"must be >= 2, got {self.parents}")
+
+
 ALGOS = ("es", "grpo", "ppo")
 
 
@@ -328,6 +350,7 @@ class TrainConfig:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+    prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
 
     def validate(self, world_size: int | None = None) -> "TrainConfig":
         for f in dataclasses.fields(self):
@@ -343,6 +366,13 @@ class TrainConfig:
                    f"engine=vllm serves ES rollouts; algo={self.algo.name} trains through the hf engine")
             _check(self.objective.name == "agent", "engine.name",
                    f"engine=vllm plays agent episodes: needs objective=agent, got {self.objective.name!r}")
+        if self.prompt.optimiser != "none":
+            _check(self.objective.name == "agent" and self.env.name == "heuristic", "prompt.optimiser",
+                   f"{self.prompt.optimiser} searches heuristics: needs objective=agent and env.name=heuristic, got "
+                   f"{self.objective.name!r} / {self.env.name!r}")
+            _check(p.dp * p.tp == 1 and self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
+                   "context optimisers run beside ES (algo=es) on one process with engine=hf for now "
+                   "(parallel.dp=1, parallel.tp=1)")
         if self.algo.name != "es":
             a = self.algo
             _check(self.objective.name == "agent", "objective.name",
@@ -418,6 +448,8 @@ class TrainConfig:
             tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
         for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
             d["env"].pop(k)
+        if d["prompt"]["optimiser"] == "none":  # the default: runs started before prompt.* keep their hash
+            d.pop("prompt")
         if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash
             d["env"].pop("problem")
         if not self.env.max_episode_tokens:  # no budget: runs from before the field keep their hash

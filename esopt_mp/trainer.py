@@ -91,6 +91,13 @@ class ESTrainer:
                                             engine=engine)
         else:
             self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
+        self.context = None  # the context optimiser's side of the run (prompt.*), when one is configured
+        if cfg.prompt.optimiser != "none":
+            from esopt_mp.envs import ahd
+            from esopt_mp.prompt.run import ContextRun
+
+            self.context = ContextRun(cfg.prompt, ahd.get(cfg.env.problem).reference(), cfg.run.dir, dims.rank)
+            self.objective.context = self.context
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
         self.identity = cfg.identity(path)
@@ -117,6 +124,8 @@ class ESTrainer:
         self._updates = updates_digest(entries)  # extended every step; checkpoints record it
         if not entries:
             return 0
+        if self.context is not None:
+            self.context.restore(entries)  # the context after the last step, from run.dir/contexts
         done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries,
                                                  identity=self.identity)
         log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)
@@ -149,13 +158,17 @@ class ESTrainer:
         es, dims = self.cfg.es, self.dims
         t0 = time.perf_counter()
         seeds, signs = population(es.seed, t, es.population, es.mirrored)
-        sigma, alpha = self.sigma(t), self.alpha(t)
+        es_on = self.context is None or self.context.es_on(t)  # prompt.mode: steps without ES keep the weights
+        sigma, alpha = (self.sigma(t), self.alpha(t)) if es_on else (0.0, 0.0)
+        if self.context is not None:
+            self.objective.trajectories = []
         local = {}
         perturb_s = restore_s = 0.0  # ES's own cost inside the step, beside the rollouts (tools/bench.py)
         for m in tqdm(dims.members(es.population), desc=f"step {t} members", leave=False,
                       disable=dims.rank != 0 or es.population < 4):
             t1 = time.perf_counter()
-            self.perturber.perturb(seeds[m], sigma, signs[m])
+            if es_on:
+                self.perturber.perturb(seeds[m], sigma, signs[m])
             perturb_s += _since(t1)
             try:
                 local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m]))
@@ -167,11 +180,12 @@ class ESTrainer:
                 local[m] = math.nan
             finally:
                 t1 = time.perf_counter()
-                self.perturber.restore()
+                if es_on:
+                    self.perturber.restore()
                 restore_s += _since(t1)
         t_eval = time.perf_counter()
         returns = gather_returns(local, es.population, dims)
-        weights = shape_returns(returns, es.shaping)
+        weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()
         self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
         update_s = _since(t1)
@@ -183,14 +197,18 @@ class ESTrainer:
             "weights": [float(w) for w in weights], "sigma": sigma, "alpha": alpha, "weight_decay": es.weight_decay,
             "wall_time": time.time(),
         }
+        if self.context is not None:  # context played, context after the step, programs evaluated
+            record.update(self.context.step(t, self.objective.trajectories))
         self.ledger.append(record)
         updates_digest([record], self._updates)
-        self.health.check(t, returns, weights, getattr(self.objective, "recent_errors", []))
+        if es_on:
+            self.health.check(t, returns, weights, getattr(self.objective, "recent_errors", []))
         return {"step": t, "sigma": sigma, "alpha": alpha,
                 "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
                 "failed": es.population - len(ok), "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
                 "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
-                "comm_bytes_total": self.comm.total}
+                "comm_bytes_total": self.comm.total,
+                **({"context": record["context_next"], "programs": record["programs"]} if self.context else {})}
 
     def checkpoint(self, step: int) -> str:
         """Start saving the weights after ``step`` steps, tied to the ledger's updates (finished by poll/wait)."""

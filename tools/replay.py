@@ -3,7 +3,8 @@
     python tools/replay.py --run-dir runs/default --out runs/default/replayed
 
 No rollout is run: each ledger entry's update (seeds, signs, shaped weights,
-alpha) is re-applied on one process. Noise is layout-invariant, so a run
+alpha) is re-applied on one process; a run with a context optimiser also gets
+its context after the last replayed step (out/context.txt, checked by hash). Noise is layout-invariant, so a run
 trained at any dp x tp replays here bit-exactly (fp32).
 """
 from __future__ import annotations
@@ -42,7 +43,20 @@ def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = 
     except (OSError, ValueError):
         tok = None
     export_hf(model, tok, out, dims)
+    replay_context(run_dir, entries, out)
     return out
+
+
+def replay_context(run_dir: str, entries: list[dict], out: str) -> str | None:
+    """The context after the replayed steps (prompt.* runs), read from run.dir/contexts into out/context.txt."""
+    if not entries or "context_next" not in entries[-1]:
+        return None
+    from esopt_mp.prompt import ContextStore
+
+    h = entries[-1]["context_next"]
+    with open(os.path.join(out, "context.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write(ContextStore(run_dir, write=False).get(h))
+    return h
 
 
 def main() -> None:

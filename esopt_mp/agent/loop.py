@@ -91,13 +91,15 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[int], cfg: AgentConfig,
-                 dims=None) -> list[Episode]:
+                 dims=None, contexts: list[str] | None = None) -> list[Episode]:
     """Play one episode per (env, task) concurrently; on TP leaders (or without TP).
 
     With ``cfg.max_episode_tokens`` each turn may generate at most what the budget leaves after the
     conversation so far and the turn's prompt; an episode whose next prompt leaves no room ends as
     ``token_budget`` with the return of its last step (the env's score of an unfinished episode; 0
-    before any turn).
+    before any turn). ``contexts``: per episode, text appended to the opening system message (a new one
+    if the env sends none); '' adds nothing. This is where a context optimiser's current context reaches
+    the model.
     """
     chan = TPChannel(dims)
     tok = engine.tokenizer
@@ -114,6 +116,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
             _fail(episodes[i], f"reset: {type(err).__name__}: {err}")
             continue
         msgs, _ = out
+        if contexts and contexts[i]:
+            msgs = inject_context(msgs, contexts[i])
         prompts[i] = opening_text(msgs)
         new_ids[i] = _encode(tok, prompts[i])
         if _left(cfg, convs[i], new_ids[i]) < 1:
@@ -161,6 +165,15 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     for ep, conv in zip(episodes, convs):
         ep.token_ids = list(conv.ids)
     return episodes
+
+
+def inject_context(messages: list[dict], context: str) -> list[dict]:
+    """``messages`` with ``context`` appended to the first system message (or a system message put first)."""
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content') or ''}\n\n{context}"
+        return out
+    return [{"role": "system", "content": context}] + out
 
 
 def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]:

@@ -85,6 +85,8 @@ class AgentObjective:
         self.eval_round = 0
         self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
         self.last_eval: dict = {}  # the last held-out evaluation: Mean@k, Pass@k, thresholded accuracy
+        self.context = None  # a context run (esopt_mp/prompt/run.py): its render(seed) joins each system prompt
+        self.trajectories: list = []  # the training episodes of the current step, for the context optimiser
 
     def _play(self, tasks, seeds, cfg, **tags) -> tuple[float, int]:
         """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
@@ -112,12 +114,25 @@ class AgentObjective:
         try:
             for a in range(0, len(tasks), group):
                 b = a + group
-                eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, self.dims)
+                ctx = [self.context.render(s) for s in seeds[a:b]] if self.context is not None else None
+                eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, self.dims, ctx)
         finally:
             for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
                 getattr(env, "close", lambda: None)()
         if self.traj_path:
-            write_trajectories(self.traj_path, eps, **tags)
+            extra = {"context": self.context.hash} if self.context is not None else {}
+            write_trajectories(self.traj_path, eps, **tags, **extra)
+        if self.context is not None and tags.get("kind") == "train":
+            from esopt_mp.prompt import Trajectory
+
+            extract = None
+            if self.cfg.name == "heuristic":  # the env's own extraction: the program it evaluated
+                from esopt_mp.envs.heuristic import extract_code
+                from esopt_mp.envs.toolcalls import build_parser
+
+                parser = build_parser("any")
+                extract = lambda text: extract_code(text, parser)  # noqa: E731
+            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract) for e in eps]
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
 

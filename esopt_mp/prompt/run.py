@@ -1,0 +1,72 @@
+"""The context half of a training run: which steps update what, the current context, its versions and resume.
+
+Schedules (``prompt.mode``): ``joint`` updates the weights every step and the context every ``prompt.every``
+steps from the same trajectories; ``alternate`` updates the weights on even steps and the context on odd steps;
+``prompt_only`` never perturbs or updates the weights (pure prompt search: the members play the unperturbed
+model with their own sampling seeds, so the number of programs evaluated stays that of an ES step).
+Each ledger record carries ``context`` (the hash the step played), ``context_next`` (after the step),
+``programs`` (programs evaluated) and ``valid_programs`` (of them, without error); the texts live in
+``run.dir/contexts``.
+"""
+from __future__ import annotations
+
+import logging
+
+from esopt_mp.prompt.base import ContextStore, Trajectory
+from esopt_mp.prompt.search import build_optimiser
+
+log = logging.getLogger(__name__)
+MODES = ("joint", "alternate", "prompt_only")
+
+
+class ContextRun:
+    def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0):
+        """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem."""
+        self.cfg = cfg
+        self.optimiser = build_optimiser(cfg, reference)
+        self.store = ContextStore(run_dir, write=rank == 0)
+        self.text = self.optimiser.initial()
+        self.hash = self.store.put(self.text)
+        self.initial_hash = self.hash
+        self.programs = 0  # evaluated over the whole run (restored from the ledger on resume)
+        self.valid = 0  # of which ran without error (the ones a search may keep)
+
+    def es_on(self, t: int) -> bool:
+        return self.cfg.mode == "joint" or (self.cfg.mode == "alternate" and t % 2 == 0)
+
+    def ctx_on(self, t: int) -> bool:
+        if self.cfg.mode == "alternate":
+            return t % 2 == 1
+        return (t + 1) % self.cfg.every == 0
+
+    def render(self, seed: int) -> str:
+        return self.optimiser.render(self.text, seed)
+
+    def restore(self, entries: list[dict]) -> None:
+        """The context after the ledger's last step, read from the store (not recomputed)."""
+        if not entries:
+            return
+        first = entries[0].get("context")
+        if first != self.initial_hash:
+            raise ValueError(f"the ledger's first context is {first}, this configuration starts from "
+                             f"{self.initial_hash}: prompt.* or the problem's seed program changed")
+        self.hash = entries[-1]["context_next"]
+        self.text = self.store.get(self.hash)
+        self.programs = sum(int(e.get("programs", 0)) for e in entries)
+        self.valid = sum(int(e.get("valid_programs", 0)) for e in entries)
+        log.info("context %s restored after step %d (%d programs evaluated so far)", self.hash,
+                 entries[-1]["step"], self.programs)
+
+    def step(self, t: int, trajectories: list[Trajectory]) -> dict:
+        """Ledger fields of step ``t``; updates the context when the schedule says so."""
+        n = sum(len(tr.programs) for tr in trajectories)
+        ok = sum(p.valid for tr in trajectories for p in tr.programs)
+        self.programs += n
+        self.valid += ok
+        played = self.hash
+        if self.ctx_on(t):
+            self.text = self.optimiser.update(trajectories, self.text, t)
+            self.hash = self.store.put(self.text)
+            if self.hash != played:
+                log.info("step %d: context %s -> %s", t, played, self.hash)
+        return {"context": played, "context_next": self.hash, "programs": n, "valid_programs": ok}

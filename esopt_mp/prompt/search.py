@@ -1,0 +1,135 @@
+"""Heuristic-design outer searches whose state is the context: Sample and EoH (Liu et al., 2024).
+
+The context is a JSON document holding the search state (Sample: the best program so far; EoH: the population,
+best first), so the ledger's context versions alone replay the search. Fitness is the environment's score of a
+program (higher is better); only programs that ran without error enter. ``render`` turns the state into the
+text injected into one episode's system prompt: Sample injects nothing (repeated prompting with the task's own
+prompt, keeping the best), EoH one of its four operator prompts (e1, e2 crossover; m1, m2 mutation) over
+parents drawn by rank from the episode's seed.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+from esopt_mp.prompt.base import Program, Trajectory
+
+E1 = ("I have {k} existing heuristics with their code and fitness (higher is better) as follows:\n{parents}\n"
+      "Please help me create a new heuristic that has a totally different form from the given ones.")
+E2 = ("I have {k} existing heuristics with their code and fitness (higher is better) as follows:\n{parents}\n"
+      "Please help me create a new heuristic that has a different form but can be motivated from them. First "
+      "identify the common backbone idea of the given heuristics, then build the new one on it.")
+M1 = ("I have one heuristic with its code and fitness (higher is better) as follows:\n{parents}\n"
+      "Please assist me in creating a new heuristic that has a different form but can be a modified version of "
+      "the heuristic provided.")
+M2 = ("I have one heuristic with its code and fitness (higher is better) as follows:\n{parents}\n"
+      "Please identify the main parameters of the heuristic and assist me in creating a new heuristic that has "
+      "different parameter settings of the heuristic provided.")
+OPERATORS = {"e1": E1, "e2": E2, "m1": M1, "m2": M2}
+
+
+def _programs(trajectories: list[Trajectory]) -> list[Program]:
+    return [p for t in trajectories for p in t.programs]
+
+
+def _key(ind: dict) -> tuple:
+    """Sort key: evaluated individuals by fitness, best first; an unevaluated seed after all of them."""
+    f = ind.get("fitness")
+    return (f is None, -(f if f is not None else 0.0))
+
+
+def dumps(state: dict) -> str:
+    return json.dumps(state, indent=1, sort_keys=True) + "\n"
+
+
+def loads(text: str, method: str) -> dict:
+    try:
+        state = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"context is not a {method} search state: {e}") from None
+    if not isinstance(state, dict) or state.get("method") != method:
+        raise ValueError(f"context is not a {method} search state (method {state.get('method')!r})")
+    return state
+
+
+class SampleSearch:
+    """Repeated prompting with the same prompt; the context keeps the best valid program seen."""
+
+    name = "sample"
+
+    def __init__(self, reference: str):
+        self.reference = reference
+
+    def initial(self) -> str:
+        return dumps({"method": self.name, "best": {"code": self.reference, "fitness": None, "op": "seed"}})
+
+    def render(self, context: str, seed: int) -> str:
+        return ""
+
+    def update(self, trajectories: list[Trajectory], context: str, step: int) -> str:
+        state = loads(context, self.name)
+        best = state["best"]
+        for p in _programs(trajectories):
+            if p.valid and (best.get("fitness") is None or p.score > best["fitness"]):
+                best = {"code": p.code, "fitness": p.score, "op": f"sample@{step}"}
+        return dumps({"method": self.name, "best": best})
+
+    @staticmethod
+    def best(context: str) -> dict:
+        return loads(context, "sample")["best"]
+
+
+class EoHSearch:
+    """A population of ``size`` heuristics; offspring from operator prompts; survivors by fitness."""
+
+    name = "eoh"
+
+    def __init__(self, reference: str, size: int = 4, parents: int = 2):
+        if size < 1 or parents < 2:
+            raise ValueError(f"prompt.population must be >= 1 and prompt.parents >= 2, got {size}, {parents}")
+        self.reference, self.size, self.parents = reference, size, parents
+
+    def initial(self) -> str:
+        return dumps({"method": self.name, "population": [{"code": self.reference, "fitness": None, "op": "seed"}]})
+
+    def _pick(self, pop: list[dict], k: int, rng: random.Random) -> list[dict]:
+        """``k`` distinct parents, probability proportional to 1 / (rank + len(pop)) as in EoH."""
+        idx, out = list(range(len(pop))), []
+        for _ in range(min(k, len(pop))):
+            w = [1.0 / (i + 1 + len(pop)) for i in idx]
+            j = rng.choices(range(len(idx)), weights=w)[0]
+            out.append(pop[idx.pop(j)])
+        return out
+
+    def render(self, context: str, seed: int) -> str:
+        pop = loads(context, self.name)["population"]
+        rng = random.Random(seed)
+        op = rng.choice(["e1", "e2", "m1", "m2"] if len(pop) >= 2 else ["m1", "m2"])
+        chosen = self._pick(pop, self.parents if op.startswith("e") else 1, rng)
+        parents = "\n".join(
+            f"No. {i + 1} (fitness {'not yet evaluated' if p['fitness'] is None else format(p['fitness'], '.6g')}):"
+            f"\n```python\n{p['code'].rstrip()}\n```" for i, p in enumerate(chosen))
+        return OPERATORS[op].format(k=len(chosen), parents=parents)
+
+    def update(self, trajectories: list[Trajectory], context: str, step: int) -> str:
+        pool = list(loads(context, self.name)["population"])
+        seen = {p["code"] for p in pool}
+        for p in _programs(trajectories):
+            if p.valid and p.code not in seen:
+                seen.add(p.code)
+                pool.append({"code": p.code, "fitness": p.score, "op": f"offspring@{step}"})
+        pool.sort(key=_key)  # stable: among equal fitness the older individual survives
+        return dumps({"method": self.name, "population": pool[: self.size]})
+
+    @staticmethod
+    def best(context: str) -> dict:
+        return loads(context, "eoh")["population"][0]
+
+
+def build_optimiser(cfg, reference: str):
+    """The ``prompt.optimiser`` of a validated :class:`esopt_mp.config.PromptConfig` over a seed program."""
+    if cfg.optimiser == "sample":
+        return SampleSearch(reference)
+    if cfg.optimiser == "eoh":
+        return EoHSearch(reference, cfg.population, cfg.parents)
+    raise ValueError(f"prompt.optimiser: no optimiser for {cfg.optimiser!r}")

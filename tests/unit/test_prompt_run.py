@@ -1,0 +1,187 @@
+"""Context and weights evolve together: the ledger replays and resumes both (tiny agent, CPU)."""
+import hashlib
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from esopt_mp.config import ConfigError, build_config
+from esopt_mp.parallel import LaunchEnv, init_distributed
+from esopt_mp.prompt import ContextStore, context_hash
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+class ScoredEnv:
+    """A heuristic-like env: the reply is the program; its score is a fixed function of the text."""
+
+    name, max_turns = "heuristic", 1
+
+    def reset(self, task):
+        return [{"role": "system", "content": "Write a heuristic."}, {"role": "user", "content": task["id"]}], {}
+
+    def step(self, text):
+        score = int(hashlib.sha256(text.encode()).hexdigest()[:4], 16) / 65536.0
+        return [], score, True, False, {"code": text or "pass", "score": score, "error": None}
+
+
+def _cfg(run_dir, mode="joint", optimiser="eoh", trajectories=False):
+    return build_config({
+        "run": {"dir": str(run_dir), "trajectories": trajectories, "checkpoint_every": 0},
+        "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"},
+        "es": {"population": 4, "steps": 4, "sigma": {"kind": "cosine", "start": 0.05, "end": 0.0},
+               "alpha": {"kind": "constant", "start": 0.05, "end": 0.05}},
+        "env": {"name": "heuristic", "n_train": 4, "n_eval": 1, "episodes_per_step": 2, "max_turns": 1},
+        "engine": {"max_new_tokens": 6, "temperature": 1.0},
+        "prompt": {"optimiser": optimiser, "mode": mode, "population": 3},
+    })
+
+
+def _trainer(cfg):
+    from esopt_mp.trainer import ESTrainer
+
+    return ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _ledger(run_dir):
+    with open(os.path.join(run_dir, "history.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture
+def fake_env(monkeypatch):
+    import esopt_mp.agent.objective as objective
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(objective, "make", lambda name, **kw: ScoredEnv())
+
+
+def test_context_and_weights_change_and_replay_and_resume_reproduce_both(tmp_path, fake_env):
+    from tools.replay import replay
+
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a = _trainer(_cfg(a_dir, trajectories=True))
+    w0 = _weights(a.model)
+    for t in range(4):
+        a.step(t)
+    wa, ctx_a = _weights(a.model), a.context.text
+    a.close()
+    led = _ledger(a_dir)
+    hashes = [e["context_next"] for e in led]
+    assert led[0]["context"] != hashes[-1] and len(set(hashes)) >= 2  # the context changed over the steps
+    assert any(not torch.equal(w0[k], wa[k]) for k in w0)  # ... and so did the weights
+    assert all(e["programs"] == 4 * 2 for e in led)  # population x episodes x one turn
+    for e in led:  # every version is stored once, by its hash
+        assert context_hash(ContextStore(str(a_dir)).get(e["context_next"])) == e["context_next"]
+    with open(a_dir / "trajectories.jsonl") as f:
+        eps = [json.loads(line) for line in f]
+    for e in eps:  # each episode played the step's context: its operator prompt opened the conversation
+        assert e["context"] == led[e["step"]]["context"] and "(fitness" in e["turns"][0]["prompt"]
+    assert len(eps) == 4 * 4 * 2
+
+    b = _trainer(_cfg(b_dir))
+    for t in range(2):
+        b.step(t)
+    b.close()
+    b = _trainer(_cfg(b_dir))  # resume: weights from the ledger, context from run.dir/contexts
+    assert b.start_step == 2 and b.context.hash == hashes[1]
+    for t in range(2, 4):
+        b.step(t)
+    wb, ctx_b = _weights(b.model), b.context.text
+    b.close()
+    assert [e["context_next"] for e in _ledger(b_dir)] == hashes and ctx_b == ctx_a
+    assert [e["returns"] for e in _ledger(b_dir)] == [e["returns"] for e in led]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+    out = replay(str(a_dir), str(tmp_path / "replayed"))
+    from safetensors.torch import load_file
+
+    rep = load_file(os.path.join(out, "model.safetensors"))
+    assert all(torch.equal(rep[k], wa[k]) for k in rep) and set(rep) <= set(wa)
+    with open(os.path.join(out, "context.txt")) as f:
+        assert f.read() == ctx_a
+
+
+def test_prompt_only_keeps_the_weights_and_counts_the_same_programs(tmp_path, fake_env):
+    t = _trainer(_cfg(tmp_path / "p", mode="prompt_only", optimiser="sample"))
+    w0 = _weights(t.model)
+    for s in range(2):
+        t.step(s)
+    assert all(torch.equal(w0[k], v) for k, v in _weights(t.model).items())
+    t.close()
+    led = _ledger(tmp_path / "p")
+    assert [e["programs"] for e in led] == [8, 8] and all(e["alpha"] == 0.0 and e["sigma"] == 0.0 for e in led)
+    assert led[-1]["context_next"] != led[0]["context"]  # the best valid program replaced the unscored seed
+
+
+@pytest.mark.parametrize("mode", ["joint", "prompt_only"])
+def test_sample_and_eoh_evaluate_the_same_number_of_programs(tmp_path, fake_env, mode):
+    counts = {}
+    for opt in ("sample", "eoh"):
+        t = _trainer(_cfg(tmp_path / f"{opt}-{mode}", mode=mode, optimiser=opt))
+        t.step(0)
+        counts[opt] = t.context.programs
+        t.close()
+    assert counts["sample"] == counts["eoh"] == 4 * 2
+
+
+@pytest.mark.parametrize("override,key", [
+    ({"prompt": {"optimiser": "beam"}}, "prompt.optimiser"),
+    ({"prompt": {"mode": "sometimes"}}, "prompt.mode"),
+    ({"prompt": {"every": 0}}, "prompt.every"),
+    ({"prompt": {"optimiser": "eoh", "population": 0}}, "prompt.population"),
+    ({"prompt": {"optimiser": "eoh"}, "env": {"name": "sudoku"}}, "prompt.optimiser"),
+    ({"prompt": {"optimiser": "eoh"}, "env": {"name": "heuristic", "n_train": 8}, "parallel": {"dp": 2}},
+     "prompt.optimiser"),
+    ({"prompt": {"optimiser": "eoh", "colour": 1}}, "prompt.colour"),
+])
+def test_bad_prompt_config_is_refused_naming_the_key(override, key):
+    data = {"objective": {"name": "agent"}, "env": {"name": "heuristic"}, **override}
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build_config(data)
+
+
+def test_default_prompt_section_keeps_the_hash():
+    assert build_config({}).hash(None) == "c999d5ed83fd066a"
+    on = build_config({"objective": {"name": "agent"}, "env": {"name": "heuristic"}, "prompt": {"optimiser": "eoh"}})
+    off = build_config({"objective": {"name": "agent"}, "env": {"name": "heuristic"}})
+    assert on.hash(None) != off.hash(None)
+
+
+def test_eoh_es_profile_composes_with_the_test_time_sigma_schedule():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from esopt_mp.es import Schedule
+
+    configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+    with initialize_config_dir(config_dir=configs, version_base="1.3"):
+        cfg = build_config(OmegaConf.to_container(compose("config", overrides=["+experiment=ahd_eoh_es"]),
+                                                  resolve=True), 1)
+    s = cfg.es.sigma
+    assert (cfg.prompt.optimiser, cfg.prompt.mode, cfg.env.name) == ("eoh", "joint", "heuristic")
+    assert Schedule(s.kind, s.start, s.end, s.steps)(cfg.es.steps - 1) == 0.0 < s.start  # sigma_T = 0 at the last step
+
+
+@pytest.mark.slow
+def test_ahd_table_runs_at_equal_budget(tmp_path, monkeypatch, capsys):
+    """The table script end to end on the tiny agent: four methods, equal counted budgets, a markdown table."""
+    from tools import ahd_table
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr(sys, "argv", ["ahd_table", "--problems", "bpp_online", "--seeds", "0", "--steps", "1",
+                                      "--population", "2", "--episodes", "1", "--max-new-tokens", "8",
+                                      "--out", str(tmp_path)])
+    ahd_table.main()
+    out = json.loads(capsys.readouterr().out)
+    cells = out["results"]["bpp_online"]
+    assert set(cells) == set(ahd_table.METHODS) and {c[0]["programs"] for c in cells.values()} == {2}
+    assert all(c[0]["objective"] > 0 for c in cells.values())  # a gap to the bound, of the best (or seed) heuristic
+    with open(tmp_path / "table.md") as f:
+        assert "| bpp_online (gap, lower) |" in f.read()

@@ -370,9 +370,8 @@ class TrainConfig:
             _check(self.objective.name == "agent" and self.env.name == "heuristic", "prompt.optimiser",
                    f"{self.prompt.optimiser} searches heuristics: needs objective=agent and env.name=heuristic, got "
                    f"{self.objective.name!r} / {self.env.name!r}")
-            _check(p.dp * p.tp == 1 and self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
-                   "context optimisers run beside ES (algo=es) on one process with engine=hf for now "
-                   "(parallel.dp=1, parallel.tp=1)")
+            _check(self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
+                   "context optimisers run beside ES (algo=es) with engine=hf for now")
         if self.algo.name != "es":
             a = self.algo
             _check(self.objective.name == "agent", "objective.name",

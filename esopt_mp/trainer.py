@@ -198,7 +198,7 @@ class ESTrainer:
             "wall_time": time.time(),
         }
         if self.context is not None:  # context played, context after the step, programs evaluated
-            record.update(self.context.step(t, self.objective.trajectories))
+            record.update(self.context.step(t, self._step_trajectories()))
         self.ledger.append(record)
         updates_digest([record], self._updates)
         if es_on:
@@ -209,6 +209,13 @@ class ESTrainer:
                 "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
                 "comm_bytes_total": self.comm.total,
                 **({"context": record["context_next"], "programs": record["programs"]} if self.context else {})}
+
+    def _step_trajectories(self) -> list:
+        """All dp groups' training trajectories of this step, on every rank, in member order (as one group
+        plays them): the context optimiser then takes the same decision on every rank, at any layout."""
+        mine = list(self.objective.trajectories)  # TP leaders hold their group's; peers hold none
+        gathered = [tr for part in self.dims.comm.all_gather_object(mine) for tr in part]
+        return sorted(gathered, key=lambda tr: tr.member)  # stable: a member's episodes keep their order
 
     def checkpoint(self, step: int) -> str:
         """Start saving the weights after ``step`` steps, tied to the ledger's updates (finished by poll/wait)."""

@@ -126,6 +126,24 @@ class Collectives:
         self.stats.add("broadcast", b * (n - 1) if mine else 0, 0 if mine else b)
         return obj if mine else pickle.loads(buf.cpu().numpy().tobytes())
 
+    def all_gather_object(self, obj, dim: str = "world") -> list:
+        """Every rank's ``obj`` of ``dim``'s group, in group-rank order (pickled; lengths, then padded bytes)."""
+        if self._local(dim):
+            return [obj]
+        n, group = self._size(dim), self.dims.group(dim)
+        data = pickle.dumps(obj)
+        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        lengths = torch.empty(n, dtype=torch.int64, device=self.device)
+        _all_gather_single()(lengths, length, group=group)
+        size = int(lengths.max().item())
+        buf = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        out = torch.empty(n * size, dtype=torch.uint8, device=self.device)
+        _all_gather_single()(out, buf, group=group)
+        self.stats.add("all_gather", (size + 8) * (n - 1), (size + 8) * (n - 1))
+        rows = out.view(n, size).cpu().numpy()
+        return [pickle.loads(rows[r, : int(lengths[r])].tobytes()) for r in range(n)]
+
     def barrier(self, dim: str = "world") -> None:
         if self._local(dim):
             return

@@ -137,7 +137,7 @@ def test_sample_and_eoh_evaluate_the_same_number_of_programs(tmp_path, fake_env,
     ({"prompt": {"every": 0}}, "prompt.every"),
     ({"prompt": {"optimiser": "eoh", "population": 0}}, "prompt.population"),
     ({"prompt": {"optimiser": "eoh"}, "env": {"name": "sudoku"}}, "prompt.optimiser"),
-    ({"prompt": {"optimiser": "eoh"}, "env": {"name": "heuristic", "n_train": 8}, "parallel": {"dp": 2}},
+    ({"prompt": {"optimiser": "eoh"}, "env": {"name": "heuristic", "n_train": 8}, "algo": {"name": "grpo"}},
      "prompt.optimiser"),
     ({"prompt": {"optimiser": "eoh", "colour": 1}}, "prompt.colour"),
 ])

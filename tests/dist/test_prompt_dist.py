@@ -1,0 +1,51 @@
+"""A context optimiser beside ES at dp=2 (each dp group plays half the members, so each holds half the step's
+trajectories) takes the same decisions as at dp=1: same context versions, programs, returns and weights."""
+import json
+import os
+
+import pytest
+import torch
+
+from esopt_mp.parallel.spawn import run_world
+
+pytestmark = pytest.mark.slow
+
+
+def _worker(rank, world, dp, run_dir, out):
+    import esopt_mp.agent.objective as objective
+    from esopt_mp.parallel import discover, init_distributed
+    from esopt_mp.trainer import ESTrainer
+    from tests.unit.test_prompt_run import ScoredEnv, _cfg
+
+    torch.set_num_threads(1)
+    objective.make = lambda name, **kw: ScoredEnv()
+    cfg = _cfg(run_dir)
+    cfg.parallel.dp = dp
+    dims = init_distributed(discover(), dp, 1)
+    tr = ESTrainer(cfg, dims)
+    for t in range(3):
+        tr.step(t)
+    state = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    text = tr.context.text
+    tr.close()
+    torch.save({"state": state, "text": text}, f"{out}.{rank}")
+
+
+def _ledger(run_dir):
+    with open(os.path.join(run_dir, "history.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_time", "sha256")} for line in f]
+
+
+def test_context_search_at_dp2_equals_dp1(tmp_path):
+    _worker(0, 1, 1, str(tmp_path / "one"), str(tmp_path / "one.pt"))
+    run_world(2, _worker, 2, str(tmp_path / "two"), str(tmp_path / "two.pt"))
+    one = torch.load(tmp_path / "one.pt.0")
+    a, b = _ledger(tmp_path / "one"), _ledger(tmp_path / "two")
+    assert [e["context_next"] for e in a] == [e["context_next"] for e in b]
+    assert len({e["context_next"] for e in a}) >= 2  # the context did change
+    assert [e["programs"] for e in a] == [e["programs"] for e in b] == [8, 8, 8]
+    assert [e["returns"] for e in a] == [e["returns"] for e in b]
+    for r in range(2):  # every rank holds the same context and weights as the one-process run
+        got = torch.load(tmp_path / f"two.pt.{r}")
+        assert got["text"] == one["text"]
+        assert all(torch.equal(got["state"][k], one["state"][k]) for k in one["state"])

@@ -77,7 +77,8 @@ class AgentObjective:
             from esopt_mp.envs.web.tasks import startup_check
 
             startup_check(env_cfg)
-        budget = {"max_episode_tokens": env_cfg.max_episode_tokens}  # per trajectory, both engines
+        budget = {"max_episode_tokens": env_cfg.max_episode_tokens,  # per trajectory, both engines
+                  "episode_timeout_s": env_cfg.episode_timeout_s, "env_workers": env_cfg.env_workers}
         self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(), **budget)
         self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature), **budget)
         self.train_tasks, self.eval_tasks = load_tasks(env_cfg)

@@ -84,6 +84,9 @@ class DocVQAEnv:
         self.tesseract = resolve_tesseract(self.cfg.tesseract)
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox.from_config(
             sandbox, limits or SandboxLimits(wall_s=30, cpu_s=30, memory_mb=2048, output_bytes=16384))
+        # each tool call is its own sandbox process: a batch's calls run side by side (call_envs), except at the
+        # rlimit level without root, where concurrent calls would share one uid's process limit
+        self.concurrent = self.sandbox.root or self.sandbox.level != "rlimit"
         with open(os.path.join(os.path.dirname(__file__), "docvqa_imgtool.py")) as f:
             self._tool = f.read()
         self._dir = tempfile.mkdtemp(prefix="esopt_docvqa_")  # this episode's private copy of the page

@@ -124,6 +124,7 @@ def test_docvqa_4b_profile_has_the_paper_values_and_generates_tasks(tmp_path):
     assert (cfg.env.name, cfg.env.max_turns, cfg.env.eval_repeats, cfg.env.max_episode_tokens) == ("docvqa", 50, 4,
                                                                                                     32768)
     assert (e.temperature, e.top_k, e.presence_penalty, e.max_new_tokens, e.max_model_len) == (1.0, 40, 2.0, 512, 32768)
+    assert 50 * 30 <= cfg.env.episode_timeout_s < cfg.parallel.timeout_s  # 50 turns fit; the dp wait outlasts it
     train, held = load_tasks(cfg.env)
     assert len(train) == 8 and len(held) == 4 and all(os.path.dirname(t["image"]) == str(tmp_path) for t in train)
     assert not {t["image"] for t in train} & {t["image"] for t in held}

@@ -71,7 +71,8 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
 
     cfg = build_config({"objective": {"name": "agent"},
                         "env": {"name": "math_react", "max_turns": 2, "n_train": 2, "episodes_per_step": 1,
-                                "n_eval": 2, "eval_repeats": 4, "eval_temperature": 1.0, "max_episode_tokens": 4096}})
+                                "n_eval": 2, "eval_repeats": 4, "eval_temperature": 1.0, "max_episode_tokens": 4096,
+                                "episode_timeout_s": 1234.0, "env_workers": 3}})
     dims = types.SimpleNamespace(rank=0, dp=1, dp_rank=0, tp=1, tp_rank=0, distributed=False, is_tp_leader=True,
                                  comm=_Comm())
     probe = AgentObjective(cfg.env, cfg.engine, 7, None, None, dims, engine=ScriptedEngine([]))
@@ -82,6 +83,8 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
     obj = AgentObjective(cfg.env, cfg.engine, 7, None, None, dims, traj, engine=ScriptedEngine(replies))
     assert obj.eval_cfg.max_episode_tokens == obj.train_cfg.max_episode_tokens == 4096  # env.max_episode_tokens
     assert obj.eval_cfg.sampling.temperature == 1.0
+    assert obj.eval_cfg.episode_timeout_s == obj.train_cfg.episode_timeout_s == 1234.0  # env.episode_timeout_s
+    assert obj.eval_cfg.env_workers == obj.train_cfg.env_workers == 3
     assert obj.evaluate(None, None) == 3 / 8
     assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8}
     rows = [json.loads(x) for x in open(traj)]

@@ -35,12 +35,19 @@ def test_mean_and_pass_at_k():
     by_seed = {seed[(q, s)]: table[t["id"]][s] for q, t in enumerate(tasks) for s in range(4)}
     obj = _objective(4, tasks, lambda tid, s: by_seed[s])
     mean = obj.evaluate(None, None)
-    finite = [x for row in table.values() for x in row if not math.isnan(x)]
-    assert mean == sum(finite) / len(finite) == obj.last_eval["mean@4"]  # Mean@4: the failed episode is left out
+    scored = [0.0 if math.isnan(x) else x for row in table.values() for x in row]
+    assert mean == sum(scored) / 12 == obj.last_eval["mean@4"]  # Mean@4: the failed episode scores 0
     assert obj.last_eval["pass@4"] == (1.0 + 0.6 + 0.0) / 3  # the best of 4 per question
-    assert obj.last_eval["above_half"] == 2 / 11 and obj.last_eval["k"] == 4
+    assert obj.last_eval["above_half"] == 2 / 12 and obj.last_eval["k"] == 4 and obj.last_eval["failed"] == 1
     assert sorted(s for _, s in obj.played) == sorted(seed.values())  # one seed per (question, sample)
     assert len(set(seed.values())) == 12
+
+
+def test_failed_episodes_count_as_zero_not_dropped():
+    """Question a [1, 1], question b [NaN, NaN]: Mean@2 = Pass@2 = 0.5 (dropping failures said 1.0), 2 failed."""
+    obj = _objective(2, [{"id": "a"}, {"id": "b"}], lambda tid, s: 1.0 if tid == "a" else math.nan)
+    assert obj.evaluate(None, None) == 0.5
+    assert (obj.last_eval["mean@2"], obj.last_eval["pass@2"], obj.last_eval["failed"]) == (0.5, 0.5, 2)
 
 
 def test_sample_seeds_do_not_depend_on_the_dp_split():
@@ -86,6 +93,6 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
     assert obj.eval_cfg.episode_timeout_s == obj.train_cfg.episode_timeout_s == 1234.0  # env.episode_timeout_s
     assert obj.eval_cfg.env_workers == obj.train_cfg.env_workers == 3
     assert obj.evaluate(None, None) == 3 / 8
-    assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8}
+    assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8, "failed": 0}
     rows = [json.loads(x) for x in open(traj)]
     assert [r["return"] for r in rows] == [float(x) for q in right for x in q] and {r["kind"] for r in rows} == {"eval"}

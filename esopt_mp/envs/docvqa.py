@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import weakref
 
-from esopt_mp.envs.anls import THRESHOLD, anls, extract_final_answer
+from esopt_mp.envs.anls import THRESHOLD, anls, extract_final_answer, normalize
 from esopt_mp.envs.base import register
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 from esopt_mp.envs.docvqa_config import DocVQAConfig, resolve_tesseract
@@ -65,11 +65,15 @@ def load_jsonl(path: str) -> list[dict]:
             answers = row["answers"] if isinstance(row["answers"], list) else [row["answers"]]
             if not answers:
                 raise ValueError(f"{path}: row {rid} has no accepted answers")
+            bad = [a for a in answers if not isinstance(a, str) or not normalize(a)]
+            if bad:  # "" would accept any punctuation; None / numbers are not DocVQA answers
+                raise ValueError(f"{path}: row {rid}: accepted answers must be strings with a letter or digit, "
+                                 f"got {bad!r}")
             image = os.path.join(base, row["image"])
             if not os.path.isfile(image):
                 raise FileNotFoundError(f"{path}: row {rid}: image {image} does not exist (DocVQA images are not "
                                         "downloaded; put them next to the JSONL as its 'image' paths say)")
-            rows.append({**row, "id": str(rid), "answers": [str(a) for a in answers], "image": image})
+            rows.append({**row, "id": str(rid), "answers": list(answers), "image": image})
     return rows
 
 

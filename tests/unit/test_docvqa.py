@@ -47,6 +47,14 @@ def test_anls_empty_prediction():
     assert anls(None, ["abc"]) == 0.0
 
 
+def test_anls_empty_accepted_answers_and_full_width_characters():
+    assert anls(".", [""]) == 0.0 and anls("", [""]) == 0.0  # an empty accepted answer accepts nothing
+    assert anls("abc", ["", "abd"]) == pytest.approx(2 / 3)  # skipped, the others still count
+    assert nls("!", "?") == 0.0
+    assert anls("１２３", ["123"]) == 1.0 and anls("ＩＮＶ－７", ["inv 7"]) == 1.0  # NFKC before normalising
+    assert normalize("Ｆｕｌｌ　Ｗｉｄｔｈ") == "full width"
+
+
 def test_extract_final_answer():
     assert extract_final_answer("think\nFinal answer: 42\nmore\nAnswer: 43") == "43"  # the last line counts
     assert extract_final_answer("Final answer：Madison") == "Madison"  # full-width colon
@@ -84,6 +92,13 @@ def test_loader_reads_docvqa_jsonl_and_refuses_a_missing_image(tmp_path):
                             "image": "documents/missing.png"}) + "\n")
     with pytest.raises(FileNotFoundError, match="row 49153: image .*documents/missing.png does not exist"):
         load_jsonl(path)
+    image = os.path.relpath(rows[0]["image"], tmp_path)
+    for i, answers in enumerate(([""], [None, "3"], ["ok", 3], ["-"])):  # empty, not strings, nothing left
+        bad = str(tmp_path / f"bad{i}.jsonl")
+        with open(bad, "w") as f:
+            f.write(json.dumps({"id": f"r{i}", "question": "q?", "answers": answers, "image": image}) + "\n")
+        with pytest.raises(ValueError, match=rf"row r{i}: accepted answers must be strings with a letter or digit"):
+            load_jsonl(bad)
 
 
 def test_make_docvqa_is_registered():

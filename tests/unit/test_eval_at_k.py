@@ -30,7 +30,7 @@ def _objective(k, tasks, returns, dp=1, dp_rank=0):
 
 def test_mean_and_pass_at_k():
     tasks = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
-    seed = {(q, s): stream_seed(7, "eval", 0, q, s) for q in range(3) for s in range(4)}
+    seed = {(q, s): stream_seed(7, "eval", q, s) for q in range(3) for s in range(4)}
     table = {"a": [1.0, 0.0, 0.0, 0.0], "b": [0.2, 0.6, 0.4, 0.0], "c": [0.0, 0.0, 0.0, math.nan]}
     by_seed = {seed[(q, s)]: table[t["id"]][s] for q, t in enumerate(tasks) for s in range(4)}
     obj = _objective(4, tasks, lambda tid, s: by_seed[s])
@@ -60,10 +60,13 @@ def test_sample_seeds_do_not_depend_on_the_dp_split():
         o.evaluate(None, None)
         split += o.played
     assert sorted(one.played) == sorted(split)
-    second = _objective(4, tasks, lambda tid, s: 0.0)
-    second.eval_round = 1
-    second.evaluate(None, None)
-    assert not {s for _, s in second.played} & {s for _, s in one.played}  # a new round draws new samples
+    again = one.played[:]
+    one.evaluate(None, None)  # a later evaluation of the same run: the same streams
+    resumed = _objective(4, tasks, lambda tid, s: 0.0)
+    resumed.eval_round = 5  # a resumed run's count differs (it is not saved); the seeds do not
+    resumed.evaluate(None, None)
+    assert one.played == again + again and sorted(resumed.played) == sorted(again)
+    assert {s for _, s in again} == {stream_seed(7, "eval", q, s) for q in range(5) for s in range(4)}
 
 
 def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):

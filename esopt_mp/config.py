@@ -216,6 +216,9 @@ class EnvConfig:
         _check(self.max_episode_tokens >= 0, f"{key}.max_episode_tokens",
                f"must be >= 0 (0 = no budget), got {self.max_episode_tokens}")
         _check(self.episode_timeout_s > 0, f"{key}.episode_timeout_s", f"must be > 0, got {self.episode_timeout_s}")
+        _check(self.eval_repeats == 1 or self.eval_temperature > 0, f"{key}.eval_repeats",
+               f"{self.eval_repeats} samples per question with {key}.eval_temperature=0 are {self.eval_repeats} "
+               f"identical greedy samples; set {key}.eval_temperature > 0 or {key}.eval_repeats=1")
         from esopt_mp.envs.base import MAX_WORKERS
 
         _check(0 <= self.env_workers <= MAX_WORKERS, f"{key}.env_workers",

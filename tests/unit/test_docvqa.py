@@ -101,6 +101,38 @@ def test_loader_reads_docvqa_jsonl_and_refuses_a_missing_image(tmp_path):
             load_jsonl(bad)
 
 
+def test_clip_keeps_head_and_tail_with_a_marker():
+    from esopt_mp.envs.docvqa import clip
+
+    assert clip("short", 10) == "short"
+    text = "A" * 50 + "m" * 100 + "Z" * 50
+    out = clip(text, 100)
+    assert out == "A" * 50 + "\n[... 100 characters elided ...]\n" + "Z" * 50
+
+
+def _imgtool(*args):
+    import subprocess
+    import sys
+
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "envs", "docvqa_imgtool.py")
+    return subprocess.run([sys.executable, "-I", tool, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_imgtool_crop_clips_past_the_edge_and_refuses_an_inverted_box_in_one_line(tmp_path):
+    from PIL import Image
+
+    src, out = str(tmp_path / "in.png"), str(tmp_path / "out.png")
+    Image.new("L", (40, 30), 255).save(src)
+    p = _imgtool("crop", src, out, "20", "10", "100", "100")
+    assert p.returncode == 0 and Image.open(out).size == (20, 20)  # clipped to the page, not padded
+    for box in (("30", "10", "10", "20"), ("50", "0", "60", "10"), ("0", "x", "1", "1")):  # inverted, outside, junk
+        p = _imgtool("crop", src, out, *box)
+        assert p.returncode == 1 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert p.stderr.startswith("imgtool"), p.stderr
+    p = _imgtool("info", str(tmp_path / "missing.png"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "missing.png" in p.stderr
+
+
 def test_make_docvqa_is_registered():
     from esopt_mp.envs import registered
 

@@ -177,6 +177,8 @@ class EnvConfig:
     name: str = "sudoku"
     max_turns: int = 45
     max_episode_tokens: int = 0  # prompt + generated tokens per trajectory, all turns (0: no budget)
+    episode_timeout_s: float = 600.0  # an episode's wall clock from reset, the batch's generation included
+    env_workers: int = 0  # threads for a batch's concurrent env calls (0: cores, at least 8, at most 64)
     size: int = 4  # sudoku board size (4 or 9)
     mask_count: int = 4  # sudoku H*
     show_original: bool = True  # sudoku: show the original puzzle above the current board
@@ -213,6 +215,14 @@ class EnvConfig:
             _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
         _check(self.max_episode_tokens >= 0, f"{key}.max_episode_tokens",
                f"must be >= 0 (0 = no budget), got {self.max_episode_tokens}")
+        _check(self.episode_timeout_s > 0, f"{key}.episode_timeout_s", f"must be > 0, got {self.episode_timeout_s}")
+        _check(self.eval_repeats == 1 or self.eval_temperature > 0, f"{key}.eval_repeats",
+               f"{self.eval_repeats} samples per question with {key}.eval_temperature=0 are {self.eval_repeats} "
+               f"identical greedy samples; set {key}.eval_temperature > 0 or {key}.eval_repeats=1")
+        from esopt_mp.envs.base import MAX_WORKERS
+
+        _check(0 <= self.env_workers <= MAX_WORKERS, f"{key}.env_workers",
+               f"must be in [0, {MAX_WORKERS}] (0 = default), got {self.env_workers}")
         _check(self.episodes_per_step <= self.n_train, f"{key}.episodes_per_step",
                f"{self.episodes_per_step} exceeds the {self.n_train} training tasks")
         from esopt_mp.data import resolve
@@ -426,7 +436,8 @@ class TrainConfig:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
         test_compiled_kernel_is_bit_identical_to_eager, test_perturb_restore_update_equal_eager), held-out evaluation
         (``env.n_eval``/``eval_path``/``eval_repeats``/``eval_temperature``:
-        training tasks never depend on them), the sandbox's isolation level
+        training tasks never depend on them), ``env.episode_timeout_s`` and ``env.env_workers`` (wall clock and
+        threads: a requeue on other hardware may need other values), the sandbox's isolation level
         (``env.sandbox.level``/``min_level``: a requeue may land on a node with
         another level; the limits stay in) and every path string.
         """
@@ -445,8 +456,8 @@ class TrainConfig:
         tiny = d["model"]["tiny"]
         if tiny["arch"] == "qwen3_5" and tiny["head_dim"] == 16:  # the defaults: runs started before these two
             tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
-        for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature"):
-            d["env"].pop(k)
+        for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature", "episode_timeout_s", "env_workers"):
+            d["env"].pop(k)  # held-out evaluation; how long / how many threads episodes may take
         if d["prompt"]["optimiser"] == "none":  # the default: runs started before prompt.* keep their hash
             d.pop("prompt")
         if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash

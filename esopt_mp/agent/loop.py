@@ -28,10 +28,15 @@ log = logging.getLogger(__name__)
 class AgentConfig:
     max_turns: int = 45
     sampling: SamplingParams = SamplingParams()
-    episode_timeout_s: float = 600.0
+    episode_timeout_s: float = 600.0  # reset to last step, wall clock, the batch's generation included
     max_episode_tokens: int = 0  # prompt + generated tokens of one trajectory (0: no budget)
+    env_workers: int = 0  # threads for a batch's concurrent env calls (0: esopt_mp.envs.base.default_workers())
 
     def __post_init__(self):
+        if not self.episode_timeout_s > 0:
+            raise ValueError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s!r}")
+        if not isinstance(self.env_workers, int) or self.env_workers < 0:
+            raise ValueError(f"env_workers must be an int >= 0 (0 = default), got {self.env_workers!r}")
         if not isinstance(self.max_episode_tokens, int) or self.max_episode_tokens < 0:
             raise ValueError(f"max_episode_tokens must be an int >= 0 (0 = no budget), got {self.max_episode_tokens!r}")
 
@@ -109,7 +114,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     chan.send(("new", list(seeds)))
     start = [time.perf_counter()] * len(tasks)
     new_ids, prompts, live = {}, {}, []
-    resets = call_envs([(env, "reset", task) for env, task in zip(envs, tasks)])  # at once if the envs allow it
+    resets = call_envs([(env, "reset", task) for env, task in zip(envs, tasks)], cfg.env_workers)  # at once if allowed
     for i, (out, err, secs) in enumerate(resets):
         start[i] = time.perf_counter() - secs
         if err is not None:  # any env failure marks the episode, never the step
@@ -132,7 +137,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
         gens = _generate(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg, caps)
         chan.verify(gens)
         nxt = []
-        steps = call_envs([(envs[i], "step", g.text) for i, g in zip(live, gens)])
+        steps = call_envs([(envs[i], "step", g.text) for i, g in zip(live, gens)], cfg.env_workers)
         for i, g, s0, (out, err, env_s) in zip(live, gens, starts, steps):
             ep = episodes[i]
             ep.spans.append((s0, s0 + len(g.token_ids)))

@@ -4,9 +4,12 @@ Every member of a step plays the same tasks (common random numbers, drawn from
 the run's ``tasks`` stream); token sampling uses the ``episode`` stream. The TP
 leader of each dp group plays the episodes; its peers join the forward passes.
 Held-out evaluation plays every eval task ``eval_repeats`` (k) times with the
-unperturbed weights, spread over the dp groups, each sample seeded by (round,
-question, sample); all-reduces give every rank the Mean@k (mean return) and
-Pass@k (per question the best of k) that one group playing all would get.
+unperturbed weights, spread over the dp groups, each sample seeded by
+(question, sample) only: the same streams at every evaluation and across a resume
+(common random numbers: before and after are comparable); all-reduces give every rank the Mean@k (mean return) and
+Pass@k (per question the best of k) that one group playing all would get; a
+failed held-out episode counts as 0 there (training returns keep NaN: ES shapes
+over the finite ones).
 """
 from __future__ import annotations
 
@@ -77,12 +80,13 @@ class AgentObjective:
             from esopt_mp.envs.web.tasks import startup_check
 
             startup_check(env_cfg)
-        budget = {"max_episode_tokens": env_cfg.max_episode_tokens}  # per trajectory, both engines
+        budget = {"max_episode_tokens": env_cfg.max_episode_tokens,  # per trajectory, both engines
+                  "episode_timeout_s": env_cfg.episode_timeout_s, "env_workers": env_cfg.env_workers}
         self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(), **budget)
         self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature), **budget)
         self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
-        self.eval_round = 0
+        self.eval_round = 0  # evaluations this process ran: a trajectory tag only, never a seed (not checkpointed)
         self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
         self.last_eval: dict = {}  # the last held-out evaluation: Mean@k, Pass@k, thresholded accuracy
         self.context = None  # a context run (esopt_mp/prompt/run.py): its render(seed) joins each system prompt
@@ -155,29 +159,34 @@ class AgentObjective:
     def _held_out(self) -> float:
         """Mean@k on every rank (k = ``eval_repeats`` samples per held-out question); Pass@k in ``last_eval``.
 
-        Sample s of question q is seeded by (round, q, s), whichever dp group plays it: group g plays the
-        episodes g, g + dp, ... of the question-major list. Two all-reduces: (sum, count) and, per question, the
-        best return (Pass@k: the mean over questions of the best of k).
+        Sample s of question q is seeded by (q, s), whichever dp group plays it and whichever evaluation this is: group g plays the
+        episodes g, g + dp, ... of the question-major list. A failed episode (NaN return: the wall clock, an env
+        error) scores 0 -- a failure is not an answer -- and is counted in ``failed``. Two all-reduces: (sum,
+        count, above half, failed) and, per question, the best return (Pass@k: the mean over questions of the
+        best of k).
         """
         r, k, n = self.eval_round, self.cfg.eval_repeats, len(self.eval_tasks)
         self.eval_round += 1
         mine = list(range(self.dims.dp_rank, n * k, self.dims.dp))
-        seeds = [stream_seed(self.run_seed, "eval", r, e // k, e % k) for e in mine]
+        seeds = [stream_seed(self.run_seed, "eval", e // k, e % k) for e in mine]
         if self.dims.is_tp_leader:
             eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, kind="eval", round=r)
-            rets = [(e // k, ep.ret) for e, ep in zip(mine, eps) if not math.isnan(ep.ret)]
+            failed = sum(math.isnan(ep.ret) for ep in eps)
+            rets = [(e // k, 0.0 if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
         else:
             follow_episodes(self.engine, self.eval_cfg, self.dims)
-            rets = []
+            rets, failed = [], 0
         best = torch.full((n,), -math.inf, dtype=torch.float64)
         for q, ret in rets:
             best[q] = max(best[q].item(), ret)
-        stats = torch.tensor([sum(x for _, x in rets), len(rets), sum(x > 0.5 for _, x in rets)], dtype=torch.float64)
-        total, count, above = self.dims.comm.all_reduce(stats, "sum", "world").tolist()
+        stats = torch.tensor([sum(x for _, x in rets), len(rets), sum(x > 0.5 for _, x in rets), failed],
+                             dtype=torch.float64)
+        total, count, above, failed = self.dims.comm.all_reduce(stats, "sum", "world").tolist()
         best = self.dims.comm.all_reduce(best, "max", "world")
         played = best[best > -math.inf]
         mean = total / count if count else math.nan
         self.last_eval = {"k": k, "questions": n, f"mean@{k}": mean,
                           f"pass@{k}": played.mean().item() if len(played) else math.nan,
-                          "above_half": above / count if count else math.nan}  # thresholded accuracy (ANLS > 0.5)
+                          "above_half": above / count if count else math.nan,  # thresholded accuracy (ANLS > 0.5)
+                          "failed": int(failed)}  # episodes that scored 0 because they failed
         return mean

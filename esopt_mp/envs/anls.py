@@ -1,13 +1,15 @@
 """DocVQA scoring as the paper runs it: ANLS and final-answer extraction.
 
 ANLS (Average Normalized Levenshtein Similarity, Biten et al. 2019) per question: both strings are
-lower-cased, every non-alphanumeric character becomes a space and whitespace runs collapse to one space
+NFKC-folded (full-width / compatibility characters: '１２３' is '123'), lower-cased, every non-alphanumeric character becomes a space and whitespace runs collapse to one space
 (stripped); d = Levenshtein(pred, ans) / max(len(pred), len(ans)); the score is 1 - d when d < 0.5, else 0;
-the maximum over the accepted answers counts. Thresholded accuracy (ANLS > 0.5) is a diagnostic only.
+the maximum over the accepted answers counts. An answer that normalises to nothing is skipped (it would
+accept any punctuation), and a prediction that normalises to nothing scores 0. Thresholded accuracy (ANLS > 0.5) is a diagnostic only.
 """
 from __future__ import annotations
 
 import re
+import unicodedata
 
 THRESHOLD = 0.5
 # the last "Final answer: ..." / "Answer: ..." line (English or full-width colon); markdown bold tolerated
@@ -16,8 +18,8 @@ _FINAL = re.compile(r"^[ \t>*#_]*(?:final\s+answer|answer)[ \t*_]*[:：][ \t*_]*
 
 
 def normalize(s: str) -> str:
-    """Lower-case, every non-alphanumeric character -> space, whitespace collapsed and stripped."""
-    return " ".join("".join(c if c.isalnum() else " " for c in s.lower()).split())
+    """NFKC, lower-case, every non-alphanumeric character -> space, whitespace collapsed and stripped."""
+    return " ".join("".join(c if c.isalnum() else " " for c in unicodedata.normalize("NFKC", s).lower()).split())
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -36,18 +38,17 @@ def levenshtein(a: str, b: str) -> int:
 def nls(pred: str, answer: str) -> float:
     """One (prediction, answer) pair: 1 - d if d < 0.5 else 0, on normalised strings."""
     p, a = normalize(pred), normalize(answer)
-    longest = max(len(p), len(a))
-    if longest == 0:
-        return 1.0  # both empty after normalisation
-    d = levenshtein(p, a) / longest
+    if not p or not a:
+        return 0.0  # nothing to compare: an empty answer is no answer
+    d = levenshtein(p, a) / max(len(p), len(a))
     return 1.0 - d if d < THRESHOLD else 0.0
 
 
 def anls(pred: str | None, answers: list[str]) -> float:
-    """The best similarity over the accepted answers; 0 for no prediction."""
-    if pred is None or not answers:
+    """The best similarity over the accepted answers (empty ones skipped); 0 for no or an empty prediction."""
+    if pred is None or not normalize(pred):
         return 0.0
-    return max(nls(pred, a) for a in answers)
+    return max((nls(pred, a) for a in answers if normalize(a)), default=0.0)
 
 
 def extract_final_answer(text: str) -> str | None:

@@ -7,12 +7,13 @@ reward (0 until the episode ends: a terminal-reward setting), and whether the
 episode ended by itself (terminated) or ran out of budget (truncated). The
 agent loop enforces the turn and token budgets on top of ``max_turns``.
 An environment whose instances wait on I/O and may run side by side (one
-browser each) says ``concurrent = True``: :func:`call_envs` then runs the
-resets, or the steps of one turn, of a batch on threads.
+browser each, or a sandbox process per tool call) says ``concurrent = True``: :func:`call_envs` then runs
+the resets, or the steps of one turn, of a batch on a bounded number of threads.
 """
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -59,12 +60,21 @@ def make(name: str, sandbox=None, **kwargs) -> Env:
     return factory(**kwargs)
 
 
-def call_envs(calls: list[tuple[Env, str, Any]]) -> list[tuple[Any, Exception | None, float]]:
+MAX_WORKERS = 64  # sandbox per-call uids are unique among 256 live calls of a process (sandbox/core.py)
+
+
+def default_workers() -> int:
+    """Threads for a batch's env calls when ``env.env_workers`` is 0: the cores, at least 8 (calls wait on I/O)."""
+    return min(MAX_WORKERS, max(8, os.cpu_count() or 1))
+
+
+def call_envs(calls: list[tuple[Env, str, Any]], max_workers: int = 0) -> list[tuple[Any, Exception | None, float]]:
     """``(result, error, seconds)`` of ``getattr(env, method)(arg)`` for each ``(env, method, arg)``, in order.
 
-    On threads, all at once, when every env says ``concurrent = True``; otherwise one after another. An
-    ``Exception`` is returned as the error; anything else (KeyboardInterrupt) propagates. The results are
-    the same whichever call finishes first.
+    On at most ``max_workers`` threads (0: :func:`default_workers`; a held-out batch of 400 episodes must not
+    mean 400 threads) when every env says ``concurrent = True``; otherwise one after another. An ``Exception``
+    is returned as the error; anything else (KeyboardInterrupt) propagates. The results are the same
+    whichever call finishes first: each env's call is independent of the others'.
     """
     def one(call):
         env, method, arg = call
@@ -75,7 +85,8 @@ def call_envs(calls: list[tuple[Env, str, Any]]) -> list[tuple[Any, Exception | 
             return None, e, time.perf_counter() - t
 
     if len(calls) > 1 and all(getattr(env, "concurrent", False) for env, _, _ in calls):
-        with ThreadPoolExecutor(len(calls), thread_name_prefix="esopt-env") as ex:
+        workers = min(len(calls), max_workers or default_workers())
+        with ThreadPoolExecutor(workers, thread_name_prefix="esopt-env") as ex:
             return list(ex.map(one, calls))
     return [one(c) for c in calls]
 

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import weakref
 
-from esopt_mp.envs.anls import THRESHOLD, anls, extract_final_answer
+from esopt_mp.envs.anls import THRESHOLD, anls, extract_final_answer, normalize
 from esopt_mp.envs.base import register
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 from esopt_mp.envs.docvqa_config import DocVQAConfig, resolve_tesseract
@@ -33,7 +33,7 @@ SYSTEM = (f"Answer the question about the document image {WORKSPACE}/{DOC}. You 
           "first (run `imgtool` for usage). Call it as:\n<tool_call>\n<function=bash>\n<parameter=command>\n"
           f"tesseract {WORKSPACE}/{DOC} -\n</parameter>\n</function>\n</tool_call>\n"
           "When you know the answer, end with one line `Final answer: <short answer>` copied from the document.")
-_RUNNER = """import os, sys
+_RUNNER = """import os, re, sys
 cmd, tool, tess, alias = {cmd!r}, {tool!r}, {tess!r}, {alias!r}
 here = os.getcwd()
 os.makedirs('.bin', exist_ok=True)
@@ -42,12 +42,22 @@ with open('.bin/imgtool', 'w') as f:
 os.chmod('.bin/imgtool', 0o755)
 if os.path.basename(tess) != 'tesseract' or os.path.dirname(tess) not in ('/usr/bin', '/bin'):
     os.symlink(tess, '.bin/tesseract')
-if alias:
-    cmd = cmd.replace({ws!r}, here)
+if alias:  # the path itself and paths under it, not /workspaces/x, /workspace2 or /x/workspace
+    cmd = re.sub(r'(?<![\\w.~/$-])' + re.escape({ws!r}) + r'(?![\\w.~+-])', lambda m: here, cmd)
 env = dict(PATH=here + '/.bin:/usr/bin:/bin', HOME=here, TMPDIR=here, LANG='C.UTF-8', OMP_THREAD_LIMIT='1',
            WORKSPACE=here)
 os.execve('/bin/bash', ['bash', '-c', cmd], env)
 """
+
+
+def clip(text: str, limit: int) -> str:
+    """At most ``limit`` characters of a tool's output plus a marker: its head and its tail (a page's OCR starts
+    with the title and ends with totals), the middle elided with the count said."""
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - limit} characters elided ...]\n{text[len(text) - tail:]}"
 
 
 def load_jsonl(path: str) -> list[dict]:
@@ -65,11 +75,15 @@ def load_jsonl(path: str) -> list[dict]:
             answers = row["answers"] if isinstance(row["answers"], list) else [row["answers"]]
             if not answers:
                 raise ValueError(f"{path}: row {rid} has no accepted answers")
+            bad = [a for a in answers if not isinstance(a, str) or not normalize(a)]
+            if bad:  # "" would accept any punctuation; None / numbers are not DocVQA answers
+                raise ValueError(f"{path}: row {rid}: accepted answers must be strings with a letter or digit, "
+                                 f"got {bad!r}")
             image = os.path.join(base, row["image"])
             if not os.path.isfile(image):
                 raise FileNotFoundError(f"{path}: row {rid}: image {image} does not exist (DocVQA images are not "
                                         "downloaded; put them next to the JSONL as its 'image' paths say)")
-            rows.append({**row, "id": str(rid), "answers": [str(a) for a in answers], "image": image})
+            rows.append({**row, "id": str(rid), "answers": list(answers), "image": image})
     return rows
 
 
@@ -84,6 +98,9 @@ class DocVQAEnv:
         self.tesseract = resolve_tesseract(self.cfg.tesseract)
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox.from_config(
             sandbox, limits or SandboxLimits(wall_s=30, cpu_s=30, memory_mb=2048, output_bytes=16384))
+        # each tool call is its own sandbox process: a batch's calls run side by side (call_envs), except at the
+        # rlimit level without root, where concurrent calls would share one uid's process limit
+        self.concurrent = self.sandbox.root or self.sandbox.level != "rlimit"
         with open(os.path.join(os.path.dirname(__file__), "docvqa_imgtool.py")) as f:
             self._tool = f.read()
         self._dir = tempfile.mkdtemp(prefix="esopt_docvqa_")  # this episode's private copy of the page
@@ -134,7 +151,7 @@ class DocVQAEnv:
                     self.observed = True
                     out = res.stdout + res.stderr[-1000:] + (f"\n[error] {res.error}" if res.error else "")
                     info["tool_results"].append({"ok": res.ok, "error": res.error, "seconds": res.seconds})
-                msgs.append({"role": "tool", "content": out[-self.cfg.observation_chars:]})
+                msgs.append({"role": "tool", "content": clip(out, self.cfg.observation_chars)})
             return msgs, 0.0, False, out_of_turns, info
         answer = extract_final_answer(assistant_text)
         if answer is not None and self.observed:

@@ -13,7 +13,7 @@ class DocVQAConfig:
 
     tesseract: str = "tesseract"  # a name on PATH or an absolute path under a system directory the sandbox shows
     gen_dir: str | None = None  # synthetic documents (None: <tmp>/esopt_docvqa_synth)
-    observation_chars: int = 4000  # the tail of each tool output shown to the agent
+    observation_chars: int = 4000  # of each tool output the agent sees its head and tail, the middle elided
 
     def validate(self, key: str = "env.docvqa") -> None:
         if self.observation_chars < 1:

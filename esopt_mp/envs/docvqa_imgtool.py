@@ -4,7 +4,8 @@ Shipped into each DocVQA bash call's workspace (on PATH as ``imgtool``); stdlib 
 inside the sandbox where the project is not importable. Usage::
 
     imgtool info IN
-    imgtool crop IN OUT LEFT TOP RIGHT BOTTOM     # pixels, or fractions of the size when all are <= 1
+    imgtool crop IN OUT LEFT TOP RIGHT BOTTOM     # pixels, or fractions of the size when all are <= 1;
+                                                  # clipped to the image
     imgtool scale IN OUT FACTOR
     imgtool threshold IN OUT [LEVEL]              # grey, then black/white at LEVEL (default 128)
     imgtool gray IN OUT
@@ -13,6 +14,14 @@ import sys
 
 
 def main(argv):
+    """One operation; a bad argument or file is one line on stderr (exit 1), never a traceback."""
+    try:
+        run(argv)
+    except (OSError, ValueError) as e:
+        sys.exit(f"imgtool: {e}")
+
+
+def run(argv):
     from PIL import Image
 
     if len(argv) < 2 or argv[0] not in ("info", "crop", "scale", "threshold", "gray"):
@@ -30,7 +39,12 @@ def main(argv):
             sys.exit("imgtool crop IN OUT LEFT TOP RIGHT BOTTOM")
         if all(0 <= a <= 1 for a in args):
             args = [a * (img.width if i % 2 == 0 else img.height) for i, a in enumerate(args)]
-        img = img.crop(tuple(int(a) for a in args))
+        left, top, right, bottom = (int(max(0, min(a, img.width if i % 2 == 0 else img.height)))
+                                    for i, a in enumerate(args))  # past the edge: clipped, not padded
+        if right <= left or bottom <= top:
+            sys.exit(f"imgtool crop: empty box {left},{top},{right},{bottom} within {img.width}x{img.height}; "
+                     "need LEFT < RIGHT and TOP < BOTTOM")
+        img = img.crop((left, top, right, bottom))
     elif op == "scale":
         if len(args) != 1 or not 0 < args[0] <= 8:
             sys.exit("imgtool scale IN OUT FACTOR (0 < FACTOR <= 8)")

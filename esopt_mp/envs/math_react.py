@@ -93,6 +93,9 @@ class MathReactEnv:
         # a ready Sandbox, or this environment's sub-config (``env.sandbox``) applied over its own default limits
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox.from_config(
             sandbox, limits or SandboxLimits(wall_s=10, output_bytes=8192))
+        # each tool call is its own sandbox process: a batch's calls run side by side (call_envs), except at the
+        # rlimit level without root, where concurrent calls would share one uid's process limit
+        self.concurrent = self.sandbox.root or self.sandbox.level != "rlimit"
         self.task = None
 
     def reset(self, task: dict):

@@ -49,7 +49,8 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
       episode; shared by the TP ranks of the group that plays it (they sample
       identical tokens from identical gathered logits), distinct across members
       and episodes, independent of batch composition.
-    - ``eval`` (round, question, sample): sampling seeds of held-out evaluation (Mean@k / Pass@k).
+    - ``eval`` (question, sample): sampling seeds of held-out evaluation (Mean@k / Pass@k); the same at
+      every evaluation of a run and across a resume (common random numbers: before/after comparable).
     """
     tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3}
     if stream not in tags:

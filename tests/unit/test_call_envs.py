@@ -87,3 +87,59 @@ def test_worker_runs_every_call_on_its_one_thread_and_stops():
     assert worker.lease() is w and w.call(threading.get_ident) == ident  # an idle worker is reused
     worker.release(w)
     assert worker.stop_idle(timeout=5) >= 1 and not w.alive()
+
+
+class _Counting:
+    """A concurrent env that records how many calls are inside ``step`` at once, and on which threads."""
+
+    name, max_turns, concurrent = "count", 1, True
+    lock, inside, peak, threads = threading.Lock(), 0, 0, set()
+
+    def __init__(self, k):
+        self.k = k
+
+    def step(self, text):
+        cls = type(self)
+        with cls.lock:
+            cls.inside += 1
+            cls.peak = max(cls.peak, cls.inside)
+            cls.threads.add(threading.current_thread().name)
+        time.sleep(0.002)
+        with cls.lock:
+            cls.inside -= 1
+        return self.k
+
+
+@pytest.mark.parametrize("workers", [3, 0])
+def test_a_large_batch_runs_on_a_bounded_pool_in_env_order(workers):
+    """400 held-out episodes are not 400 threads: at most ``max_workers`` (0: the default bound) at a time."""
+    from esopt_mp.envs.base import MAX_WORKERS, default_workers
+
+    _Counting.inside, _Counting.peak, _Counting.threads = 0, 0, set()
+    out = call_envs([(_Counting(k), "step", "x") for k in range(400)], workers)
+    bound = workers or default_workers()
+    assert [o[0] for o in out] == list(range(400)) and all(o[1] is None for o in out)
+    assert 1 <= len(_Counting.threads) <= bound and _Counting.peak <= bound <= MAX_WORKERS
+
+
+def test_agent_config_refuses_bad_timeouts_and_worker_counts():
+    with pytest.raises(ValueError, match="episode_timeout_s must be > 0"):
+        AgentConfig(episode_timeout_s=0)
+    with pytest.raises(ValueError, match="env_workers must be an int >= 0"):
+        AgentConfig(env_workers=-1)
+
+
+def test_code_envs_run_their_tool_calls_concurrently():
+    """math_react and docvqa: one sandbox process per call, so a batch's calls may overlap (not at rlimit
+    without root, where the calls would share one uid's process limit)."""
+    import shutil
+
+    from esopt_mp.envs import make
+    from esopt_mp.envs.sandbox import Sandbox
+
+    names = ["math_react"] + (["docvqa"] if shutil.which("tesseract") else [])
+    for name in names:
+        env = make(name)
+        assert env.concurrent is (env.sandbox.root or env.sandbox.level != "rlimit"), name
+    if not Sandbox().root:
+        assert make("math_react", sandbox=Sandbox(level="rlimit")).concurrent is False

@@ -31,3 +31,17 @@ def test_bad_configs_name_the_key(data, match):
 def test_world_size_mismatch():
     with pytest.raises(ConfigError, match=r"2 \* 2 = 4 != 2"):
         build_config({"parallel": {"dp": 2, "tp": 2}, "es": {"population": 8}}, world_size=2)
+
+
+def test_episode_wall_clock_and_env_workers_are_validated_and_out_of_the_hash():
+    import pytest
+
+    from esopt_mp.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=r"env\.episode_timeout_s: must be > 0, got 0"):
+        build_config({"env": {"episode_timeout_s": 0}})
+    with pytest.raises(ConfigError, match=r"env\.env_workers: must be in \[0, 64\]"):
+        build_config({"env": {"env_workers": 1000}})
+    cfg = build_config({"env": {"episode_timeout_s": 3600, "env_workers": 4}})
+    assert (cfg.env.episode_timeout_s, cfg.env.env_workers) == (3600, 4)
+    assert cfg.hash(None) == build_config({}).hash(None)  # a requeue on other hardware may change them

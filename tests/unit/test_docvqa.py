@@ -47,6 +47,14 @@ def test_anls_empty_prediction():
     assert anls(None, ["abc"]) == 0.0
 
 
+def test_anls_empty_accepted_answers_and_full_width_characters():
+    assert anls(".", [""]) == 0.0 and anls("", [""]) == 0.0  # an empty accepted answer accepts nothing
+    assert anls("abc", ["", "abd"]) == pytest.approx(2 / 3)  # skipped, the others still count
+    assert nls("!", "?") == 0.0
+    assert anls("１２３", ["123"]) == 1.0 and anls("ＩＮＶ－７", ["inv 7"]) == 1.0  # NFKC before normalising
+    assert normalize("Ｆｕｌｌ　Ｗｉｄｔｈ") == "full width"
+
+
 def test_extract_final_answer():
     assert extract_final_answer("think\nFinal answer: 42\nmore\nAnswer: 43") == "43"  # the last line counts
     assert extract_final_answer("Final answer：Madison") == "Madison"  # full-width colon
@@ -84,6 +92,45 @@ def test_loader_reads_docvqa_jsonl_and_refuses_a_missing_image(tmp_path):
                             "image": "documents/missing.png"}) + "\n")
     with pytest.raises(FileNotFoundError, match="row 49153: image .*documents/missing.png does not exist"):
         load_jsonl(path)
+    image = os.path.relpath(rows[0]["image"], tmp_path)
+    for i, answers in enumerate(([""], [None, "3"], ["ok", 3], ["-"])):  # empty, not strings, nothing left
+        bad = str(tmp_path / f"bad{i}.jsonl")
+        with open(bad, "w") as f:
+            f.write(json.dumps({"id": f"r{i}", "question": "q?", "answers": answers, "image": image}) + "\n")
+        with pytest.raises(ValueError, match=rf"row r{i}: accepted answers must be strings with a letter or digit"):
+            load_jsonl(bad)
+
+
+def test_clip_keeps_head_and_tail_with_a_marker():
+    from esopt_mp.envs.docvqa import clip
+
+    assert clip("short", 10) == "short"
+    text = "A" * 50 + "m" * 100 + "Z" * 50
+    out = clip(text, 100)
+    assert out == "A" * 50 + "\n[... 100 characters elided ...]\n" + "Z" * 50
+
+
+def _imgtool(*args):
+    import subprocess
+    import sys
+
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "envs", "docvqa_imgtool.py")
+    return subprocess.run([sys.executable, "-I", tool, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_imgtool_crop_clips_past_the_edge_and_refuses_an_inverted_box_in_one_line(tmp_path):
+    from PIL import Image
+
+    src, out = str(tmp_path / "in.png"), str(tmp_path / "out.png")
+    Image.new("L", (40, 30), 255).save(src)
+    p = _imgtool("crop", src, out, "20", "10", "100", "100")
+    assert p.returncode == 0 and Image.open(out).size == (20, 20)  # clipped to the page, not padded
+    for box in (("30", "10", "10", "20"), ("50", "0", "60", "10"), ("0", "x", "1", "1")):  # inverted, outside, junk
+        p = _imgtool("crop", src, out, *box)
+        assert p.returncode == 1 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert p.stderr.startswith("imgtool"), p.stderr
+    p = _imgtool("info", str(tmp_path / "missing.png"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "missing.png" in p.stderr
 
 
 def test_make_docvqa_is_registered():
@@ -124,6 +171,7 @@ def test_docvqa_4b_profile_has_the_paper_values_and_generates_tasks(tmp_path):
     assert (cfg.env.name, cfg.env.max_turns, cfg.env.eval_repeats, cfg.env.max_episode_tokens) == ("docvqa", 50, 4,
                                                                                                     32768)
     assert (e.temperature, e.top_k, e.presence_penalty, e.max_new_tokens, e.max_model_len) == (1.0, 40, 2.0, 512, 32768)
+    assert 50 * 30 <= cfg.env.episode_timeout_s < cfg.parallel.timeout_s  # 50 turns fit; the dp wait outlasts it
     train, held = load_tasks(cfg.env)
     assert len(train) == 8 and len(held) == 4 and all(os.path.dirname(t["image"]) == str(tmp_path) for t in train)
     assert not {t["image"] for t in train} & {t["image"] for t in held}

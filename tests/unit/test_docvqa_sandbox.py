@@ -117,6 +117,27 @@ def test_hermes_calls_zoom_tools_and_read_only_page(env, docs):
     assert env.run_bash("ls /workspace/top.png").error  # each call starts from a fresh workspace
 
 
+def test_only_the_workspace_path_itself_is_rewritten(env, docs):
+    """At the Landlock levels /workspace and paths under it are the call's scratch directory; /workspaces/x,
+    /workspace2 and /x/workspace are other paths (under bwrap nothing is rewritten: /workspace is a real link)."""
+    env.reset(docs[0])
+    out = env.run_bash('echo /workspaces/x /workspace2 /x/workspace /workspace "/workspace/document.png" '
+                       '/workspace/; echo "$WORKSPACE"').stdout.split("\n")
+    words, here = out[0].split(), out[1]
+    assert words[:3] == ["/workspaces/x", "/workspace2", "/x/workspace"]
+    ws = "/workspace" if env.sandbox.level == "bwrap" else here
+    assert words[3:] == [ws, f"{ws}/document.png", f"{ws}/"]
+    assert env.run_bash("ls /workspace/document.png").stdout.endswith("document.png\n")
+
+
+def test_a_long_tool_output_shows_its_head_and_tail(env, docs):
+    env.reset(docs[0])
+    msgs, *_ = env.step(call("echo HEAD; seq 1 1400; echo TAIL"))  # ~6 KB: under the output cap
+    text, limit = msgs[0]["content"], env.cfg.observation_chars
+    assert text.startswith("HEAD\n1\n") and text.endswith("1400\nTAIL\n")
+    assert "characters elided ...]" in text and len(text) < limit + 60
+
+
 HOSTILE = {
     "infinite loop": ("while :; do :; done", ("timeout", "cpu limit")),
     # bash itself may exit 0 once its children fail to fork: contained means refused forks and nothing left over

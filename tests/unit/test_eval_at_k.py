@@ -30,17 +30,24 @@ def _objective(k, tasks, returns, dp=1, dp_rank=0):
 
 def test_mean_and_pass_at_k():
     tasks = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
-    seed = {(q, s): stream_seed(7, "eval", 0, q, s) for q in range(3) for s in range(4)}
+    seed = {(q, s): stream_seed(7, "eval", q, s) for q in range(3) for s in range(4)}
     table = {"a": [1.0, 0.0, 0.0, 0.0], "b": [0.2, 0.6, 0.4, 0.0], "c": [0.0, 0.0, 0.0, math.nan]}
     by_seed = {seed[(q, s)]: table[t["id"]][s] for q, t in enumerate(tasks) for s in range(4)}
     obj = _objective(4, tasks, lambda tid, s: by_seed[s])
     mean = obj.evaluate(None, None)
-    finite = [x for row in table.values() for x in row if not math.isnan(x)]
-    assert mean == sum(finite) / len(finite) == obj.last_eval["mean@4"]  # Mean@4: the failed episode is left out
+    scored = [0.0 if math.isnan(x) else x for row in table.values() for x in row]
+    assert mean == sum(scored) / 12 == obj.last_eval["mean@4"]  # Mean@4: the failed episode scores 0
     assert obj.last_eval["pass@4"] == (1.0 + 0.6 + 0.0) / 3  # the best of 4 per question
-    assert obj.last_eval["above_half"] == 2 / 11 and obj.last_eval["k"] == 4
+    assert obj.last_eval["above_half"] == 2 / 12 and obj.last_eval["k"] == 4 and obj.last_eval["failed"] == 1
     assert sorted(s for _, s in obj.played) == sorted(seed.values())  # one seed per (question, sample)
     assert len(set(seed.values())) == 12
+
+
+def test_failed_episodes_count_as_zero_not_dropped():
+    """Question a [1, 1], question b [NaN, NaN]: Mean@2 = Pass@2 = 0.5 (dropping failures said 1.0), 2 failed."""
+    obj = _objective(2, [{"id": "a"}, {"id": "b"}], lambda tid, s: 1.0 if tid == "a" else math.nan)
+    assert obj.evaluate(None, None) == 0.5
+    assert (obj.last_eval["mean@2"], obj.last_eval["pass@2"], obj.last_eval["failed"]) == (0.5, 0.5, 2)
 
 
 def test_sample_seeds_do_not_depend_on_the_dp_split():
@@ -53,10 +60,13 @@ def test_sample_seeds_do_not_depend_on_the_dp_split():
         o.evaluate(None, None)
         split += o.played
     assert sorted(one.played) == sorted(split)
-    second = _objective(4, tasks, lambda tid, s: 0.0)
-    second.eval_round = 1
-    second.evaluate(None, None)
-    assert not {s for _, s in second.played} & {s for _, s in one.played}  # a new round draws new samples
+    again = one.played[:]
+    one.evaluate(None, None)  # a later evaluation of the same run: the same streams
+    resumed = _objective(4, tasks, lambda tid, s: 0.0)
+    resumed.eval_round = 5  # a resumed run's count differs (it is not saved); the seeds do not
+    resumed.evaluate(None, None)
+    assert one.played == again + again and sorted(resumed.played) == sorted(again)
+    assert {s for _, s in again} == {stream_seed(7, "eval", q, s) for q in range(5) for s in range(4)}
 
 
 def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
@@ -71,7 +81,8 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
 
     cfg = build_config({"objective": {"name": "agent"},
                         "env": {"name": "math_react", "max_turns": 2, "n_train": 2, "episodes_per_step": 1,
-                                "n_eval": 2, "eval_repeats": 4, "eval_temperature": 1.0, "max_episode_tokens": 4096}})
+                                "n_eval": 2, "eval_repeats": 4, "eval_temperature": 1.0, "max_episode_tokens": 4096,
+                                "episode_timeout_s": 1234.0, "env_workers": 3}})
     dims = types.SimpleNamespace(rank=0, dp=1, dp_rank=0, tp=1, tp_rank=0, distributed=False, is_tp_leader=True,
                                  comm=_Comm())
     probe = AgentObjective(cfg.env, cfg.engine, 7, None, None, dims, engine=ScriptedEngine([]))
@@ -82,7 +93,9 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
     obj = AgentObjective(cfg.env, cfg.engine, 7, None, None, dims, traj, engine=ScriptedEngine(replies))
     assert obj.eval_cfg.max_episode_tokens == obj.train_cfg.max_episode_tokens == 4096  # env.max_episode_tokens
     assert obj.eval_cfg.sampling.temperature == 1.0
+    assert obj.eval_cfg.episode_timeout_s == obj.train_cfg.episode_timeout_s == 1234.0  # env.episode_timeout_s
+    assert obj.eval_cfg.env_workers == obj.train_cfg.env_workers == 3
     assert obj.evaluate(None, None) == 3 / 8
-    assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8}
+    assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8, "failed": 0}
     rows = [json.loads(x) for x in open(traj)]
     assert [r["return"] for r in rows] == [float(x) for q in right for x in q] and {r["kind"] for r in rows} == {"eval"}

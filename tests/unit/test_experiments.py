@@ -79,3 +79,43 @@ def test_webarena_profiles_validate():
     assert (tiny.env.web.suite, tiny.model.path) == ("demo", "builtin:tiny_agent")
     train, held = load_tasks(tiny.env)
     assert len(train) == 4 and len(held) == 2 and not {t["id"] for t in train} & {t["id"] for t in held}
+
+
+def test_env_sections_compose_from_plain_overrides_and_match_the_dataclass_defaults():
+    """``env.name=docvqa env.docvqa.tesseract=...`` (and env.web / env.sandbox keys) are plain overrides, not
+    "Key 'docvqa' is not in struct"; the Hydra tree's env defaults are EnvConfig's."""
+    import dataclasses
+    import shutil
+
+    from esopt_mp.config import EnvConfig
+
+    raw = _compose("env.name=docvqa", "env.docvqa.observation_chars=123", "env.web.max_browsers=2",
+                   "env.sandbox.wall_s=5", "env.episode_timeout_s=900", "env.env_workers=3")
+    assert (raw["env"]["docvqa"]["observation_chars"], raw["env"]["web"]["max_browsers"],
+            raw["env"]["sandbox"]["wall_s"], raw["env"]["episode_timeout_s"]) == (123, 2, 5, 900)
+    defaults, tree = dataclasses.asdict(EnvConfig()), _compose()["env"]
+    for k in ("sandbox", "web", "docvqa", "max_episode_tokens", "episode_timeout_s", "env_workers", "problem"):
+        assert tree[k] == defaults[k], k
+    assert set(tree) == set(defaults)  # every EnvConfig field is in the tree, so each can be overridden
+    if shutil.which("tesseract"):
+        cfg = build_config(raw, 1)
+        assert cfg.env.docvqa.observation_chars == 123 and cfg.env.sandbox.wall_s == 5
+
+
+@pytest.mark.slow
+def test_launch_train_takes_an_env_docvqa_override():
+    """The repro through launch/train.py: the override reaches the config check (which names the key)."""
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    p = subprocess.run([sys.executable, os.path.join(root, "launch", "train.py"), "env.name=docvqa",
+                        "env.docvqa.tesseract=/nonexistent/tesseract"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "not in struct" not in p.stderr
+    assert "env.docvqa.tesseract: '/nonexistent/tesseract' not found" in p.stderr
+
+
+def test_greedy_repeats_are_refused_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"env\.eval_repeats: 4 samples per question with env\.eval_temperature=0"):
+        build_config(_compose("env.eval_repeats=4"), 1)
+    assert build_config(_compose("env.eval_repeats=4", "env.eval_temperature=0.7"), 1).env.eval_repeats == 4

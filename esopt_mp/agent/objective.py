@@ -159,8 +159,8 @@ class AgentObjective:
     def _held_out(self) -> float:
         """Mean@k on every rank (k = ``eval_repeats`` samples per held-out question); Pass@k in ``last_eval``.
 
-        Sample s of question q is seeded by (q, s), whichever dp group plays it and whichever evaluation this is: group g plays the
-        episodes g, g + dp, ... of the question-major list. A failed episode (NaN return: the wall clock, an env
+        Sample s of question q is seeded by (q, s), whichever dp group plays it and whichever evaluation this
+        is: group g plays the episodes g, g + dp, ... of the question-major list. A failed episode (NaN return: the wall clock, an env
         error) scores 0 -- a failure is not an answer -- and is counted in ``failed``. Two all-reduces: (sum,
         count, above half, failed) and, per question, the best return (Pass@k: the mean over questions of the
         best of k).

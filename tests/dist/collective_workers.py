@@ -77,7 +77,7 @@ def recorded_run_worker(rank: int, world: int, dp: int, tp: int, run_dir: str, o
     dims = init_distributed(discover(), dp, tp, timeout_s=300)
     trainer = ESTrainer(agent_cfg(dp, tp, run_dir), dims)
     played, evals = [], []
-    play, evaluate, member_eval = trainer.objective._play, trainer.evaluate, trainer.objective.evaluate
+    play, evaluate, member_eval = trainer.objective.play, trainer.evaluate, trainer.objective.evaluate
 
     def counting_play(tasks, seeds, cfg, **tags):
         if tags.get("kind") == "eval":
@@ -89,7 +89,7 @@ def recorded_run_worker(rank: int, world: int, dp: int, tp: int, run_dir: str, o
             os.kill(os.getpid(), signal.SIGUSR1)  # only this rank sees a stop request, mid-step
         return member_eval(model, member)
 
-    trainer.objective._play = counting_play
+    trainer.objective.play = counting_play  # TP leaders play; their peers follow
     trainer.objective.evaluate = signalling_eval
     trainer.evaluate = lambda: evals.append(evaluate()) or evals[-1]
     summary = trainer.train()

@@ -89,8 +89,7 @@ class AgentObjective:
     def _play(self, tasks, seeds, cfg, **tags) -> tuple[float, int]:
         """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
         if not self.dims.is_tp_leader:
-            for _ in range(-(-len(tasks) // self._group(len(tasks)))):  # one follow per batch the leader plays
-                follow_episodes(self.engine, cfg, self.dims)
+            self._follow(len(tasks), cfg)
             return 0.0, 0
         eps = self.play(tasks, seeds, cfg, **tags)
         finite = [e.ret for e in eps if not math.isnan(e.ret)]
@@ -120,6 +119,11 @@ class AgentObjective:
             write_trajectories(self.traj_path, eps, **tags)
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
+
+    def _follow(self, n: int, cfg) -> None:
+        """A TP peer's side of :meth:`play` for ``n`` episodes: one follow per batch the leader plays."""
+        for _ in range(-(-n // self._group(n))):
+            follow_episodes(self.engine, cfg, self.dims)
 
     def _group(self, n: int) -> int:
         """Episodes played at once: all, or env.web.max_browsers for an environment holding a browser each."""
@@ -151,8 +155,8 @@ class AgentObjective:
         if self.dims.is_tp_leader:
             eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, kind="eval", round=r)
             rets = [(e // k, ep.ret) for e, ep in zip(mine, eps) if not math.isnan(ep.ret)]
-        else:
-            follow_episodes(self.engine, self.eval_cfg, self.dims)
+        else:  # one follow per batch of env.web.max_browsers episodes the leader plays
+            self._follow(len(mine), self.eval_cfg)
             rets = []
         best = torch.full((n,), -math.inf, dtype=torch.float64)
         for q, ret in rets:

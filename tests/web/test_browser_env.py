@@ -1,5 +1,6 @@
 """webarena_lite in real headless Chromium: the demo site's tasks, faults, and process hygiene."""
 import dataclasses
+import http.server
 import math
 import os
 import re
@@ -178,3 +179,52 @@ def test_step_past_its_time_limit_raises_and_closes():
     with pytest.raises(Exception, match="Timeout 10ms exceeded"):  # a reset past playwright's timeout (its own error)
         make("webarena_lite", web=WebConfig(settle_s=0.0, step_timeout_s=0.01)).reset(demo.tasks(1)[0])
     assert not _browsers()
+
+
+_BUSY = (b"<html><body><h1>Busy</h1><button onclick=\"setTimeout(()=>{while(true){}},0)\">Go</button>"
+         b"</body></html>")
+
+
+class _BusyPage(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(_BUSY)))
+        self.end_headers()
+        self.wfile.write(_BUSY)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_page_that_never_yields_is_killed_at_the_step_time_limit():
+    """Its JavaScript loops forever after a click, so playwright's call never returns: the step's wall clock
+    (env.web.step_timeout_s) kills the browser, the step raises, and no process is left."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyPage)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cfg = WebConfig(settle_s=0.0, step_timeout_s=3.0, episode_timeout_s=60.0)
+        e = make("webarena_lite", max_turns=4, web=cfg)
+        obs = e.reset(demo.tasks(1, url=f"http://127.0.0.1:{srv.server_address[1]}")[0])[0][-1]["content"]
+        assert _browsers()
+        done = []
+        t = threading.Thread(target=lambda: done.append(_raises(e.step, f'click("{_bid(obs, "button", "Go")}")')),
+                             daemon=True)
+        t.start()
+        t.join(60)  # without the kill the click never returns
+        assert done and isinstance(done[0], TimeoutError), done
+        assert "env.web.step_timeout_s=3" in str(done[0]) and "killed its" in str(done[0])
+        assert e.gym is None and not _browsers()
+        assert close_all() == 0
+        assert not [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _raises(fn, *a):
+    try:
+        fn(*a)
+    except BaseException as ex:  # noqa: BLE001 - returned to the test
+        return ex
+    return None

@@ -117,12 +117,26 @@ class WebArenaLiteEnv:
         worker.patch_browsergym()
         extra = {"task_kwargs": {"url": task["url"]}} if task.get("url") else {}  # a demo task on its own site
         self._worker = self._worker or worker.lease()
-        self.gym = self._worker.call(gym.make, task["gym_id"], headless=True, slow_mo=0,
-                                     timeout=int(self.cfg.step_timeout_s * 1000),
-                                     pre_observation_delay=self.cfg.settle_s, action_mapping=actions.to_python_code,
-                                     wait_for_user_message=False, **extra)
+        deadline = time.perf_counter() + self.cfg.reset_timeout_s
         _LIVE.add(self)
-        return self._worker.call(self.gym.reset, seed=int(task.get("seed", 0)))
+        self.gym = self._call("reset_timeout_s", deadline, gym.make, task["gym_id"], headless=True, slow_mo=0,
+                              timeout=int(self.cfg.step_timeout_s * 1000), pre_observation_delay=self.cfg.settle_s,
+                              action_mapping=actions.to_python_code, wait_for_user_message=False, **extra)
+        return self._call("reset_timeout_s", deadline, self.gym.reset, seed=int(task.get("seed", 0)))
+
+    def _call(self, key: str, deadline: float, fn, /, *args, **kwargs):
+        """``fn`` on this episode's browser thread, given until ``deadline`` (perf_counter) to return; past it
+        the browser and its driver are killed (a page whose JavaScript never yields blocks playwright for good)
+        and :class:`TimeoutError` names ``env.web.<key>``."""
+        w, limit = self._worker, getattr(self.cfg, key)
+        try:
+            return w.call(fn, *args, timeout_s=max(0.0, deadline - time.perf_counter()), **kwargs)
+        except worker.CallTimeout:
+            self.gym, self._worker = None, None
+            _LIVE.discard(self)
+            n = w.kill()
+            raise TimeoutError(f"browser did not answer within env.web.{key}={limit:g} s; "
+                               f"killed its {n} processes") from None
 
     def close(self) -> int:
         """Close this episode's browser (idempotent) and hand its thread back; 1 if a browser was open."""
@@ -138,8 +152,8 @@ class WebArenaLiteEnv:
                 healthy = False
         if w is not None and healthy:
             worker.release(w)
-        elif w is not None:  # failed to close (maybe still stuck in a call): not reused
-            w.stop(timeout=0)
+        elif w is not None:  # failed to close (maybe still stuck in a call): its processes are killed
+            w.kill()
         return int(g is not None)
 
     def __del__(self):
@@ -175,7 +189,9 @@ class WebArenaLiteEnv:
             return [{"role": "user", "content": text}], 0.0, False, out_of_turns, {"action": None, "feedback": str(e)}
         try:
             t = time.perf_counter()
-            obs, reward, term, trunc, info = self._worker.call(self.gym.step, action)
+            limit = min(t + self.cfg.step_timeout_s, self.t0 + self.cfg.episode_timeout_s)
+            key = "step_timeout_s" if limit == t + self.cfg.step_timeout_s else "episode_timeout_s"
+            obs, reward, term, trunc, info = self._call(key, limit, self.gym.step, action)
             step_s, total = time.perf_counter() - t, time.perf_counter() - self.t0
             self._check_sites(obs)
             if step_s > self.cfg.step_timeout_s:

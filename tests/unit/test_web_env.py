@@ -59,6 +59,29 @@ def test_tree_trimming_keeps_the_focused_element_and_the_header():
     assert estimate_tokens(text) <= 200 + 40
 
 
+def test_every_part_of_the_observation_is_capped_to_the_budget():
+    """A 2,000-line error, a huge chat message and goal: the whole stays within obs_tokens, each cut with a marker."""
+    err = "\n".join(f"line {i} of a long playwright call log" for i in range(2000))
+    obs = {"url": "http://x/" + "q" * 20000, "last_action_error": err, "focused_element_bid": "1999",
+           "chat_messages": [{"role": "assistant", "message": "m" * 50000}],
+           "open_pages_urls": ["http://a/" + "z" * 5000] * 50, "active_page_index": [0]}
+    tree = "\n".join(f"[{i}] button 'b{i}'" for i in range(2000))
+    for budget in (3000, 400, 64):
+        text = render(obs, tree, budget, "G" * 100000, feedback="f" * 9000)
+        assert estimate_tokens(text) <= budget, (budget, estimate_tokens(text))
+    text = render(obs, tree, 3000, "G" * 100000, feedback="f" * 9000)
+    assert text.count("characters cut]") >= 5 and "line 0 of" in text and "line 1999 of" not in text
+    assert "[1999] button" in text  # the tree still gets its share
+    goal = "Find the cheapest red shoe and add it to the cart. " * 10
+    assert f"# Goal\n{goal}\n" in render(obs, tree, 3000, goal)  # a goal within its share is kept whole
+
+
+def test_the_focused_element_is_found_by_its_own_id_not_a_footnote():
+    tree = "\n".join(["[3] paragraph 'see footnote [1500]'"] + [f"\t[{i}] button 'b{i}'" for i in range(4, 2000)])
+    out = trim_tree(tree, 100, "1500")
+    assert "\t[1500] button 'b1500'" in out and "footnote" not in out
+
+
 def test_web_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"env.web.split: must be one of"):
         build_config({"env": {"name": "webarena_lite", "web": {"split": "dev"}}})

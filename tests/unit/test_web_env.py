@@ -20,6 +20,7 @@ from esopt_mp.envs.web.observation import estimate_tokens, render, trim_tree
     ('press("5", "Control+a")', "press('5', 'Control+a')"),
     ("scroll(0, 250.5)", "scroll(0, 250.5)"),
     ('goto("http://127.0.0.1/x")', "goto('http://127.0.0.1/x')"),
+    ('goto("HTTPS://example.com")', "goto('HTTPS://example.com')"),
     ("go_back()", "go_back()"), ("go_forward()", "go_forward()"), ("new_tab()", "new_tab()"),
     ("tab_focus(1)", "tab_focus(1)"), ('hover("7")', "hover('7')"),
     ('click("1") then finally send_msg_to_user("42")', "send_msg_to_user('42')"),
@@ -38,6 +39,12 @@ def test_replies_become_browsergym_actions(reply, action):
     ("fill(\"3\")", "fill takes 2 arguments, got 1"),
     ('tab_focus("1")', "must be an integer"),
     ("scroll(0)", "scroll takes 2 arguments"),
+    ("scroll(0, 1e999)", "must be a finite number"),
+    ("scroll(-1e400, 0)", "must be a finite number"),
+    ('goto("file:///etc/passwd")', "must start with http:// or https://"),
+    ('goto("javascript:alert(1)")', "must start with http:// or https://"),
+    ('goto("chrome://settings")', "must start with http:// or https://"),
+    ('goto("127.0.0.1/x")', "must start with http:// or https://"),
 ])
 def test_unparseable_replies_say_why(reply, msg):
     with pytest.raises(ActionError, match=msg) as e:

@@ -69,6 +69,10 @@ def test_malformed_reply_gets_parse_feedback_and_bad_bid_gets_browsergym_error(e
     out, r, term, trunc, info = env.step('click("zz99")')
     assert 'Could not find element with bid "zz99"' in out[0]["content"] and info["error"]
     assert "# Error from the last action" in out[0]["content"] and not term
+    out, r, term, trunc, info = env.step("still unsure")  # feedback for this reply, not the earlier error again
+    assert "# Feedback\nno action found" in out[0]["content"] and "zz99" not in out[0]["content"]
+    out, r, term, trunc, info = env.step('goto("file:///etc/passwd")')
+    assert info["action"] is None and "http:// or https://" in info["feedback"]
 
 
 def test_turn_budget_truncates_and_closes():

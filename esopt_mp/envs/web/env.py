@@ -185,7 +185,8 @@ class WebArenaLiteEnv:
         except ActionError as e:
             if out_of_turns:
                 self.close()
-            text = render(self.obs, self._tree(self.obs), self.cfg.obs_tokens, self.goal, feedback=str(e))
+            page = {**self.obs, "last_action_error": ""}  # the earlier action's error was shown already
+            text = render(page, self._tree(self.obs), self.cfg.obs_tokens, self.goal, feedback=str(e))
             return [{"role": "user", "content": text}], 0.0, False, out_of_turns, {"action": None, "feedback": str(e)}
         try:
             t = time.perf_counter()

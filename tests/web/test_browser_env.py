@@ -232,3 +232,39 @@ def _raises(fn, *a):
     except BaseException as ex:  # noqa: BLE001 - returned to the test
         return ex
     return None
+
+
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """A site behind a proxy: a page while up, then the proxy's 502 (no network error, an ordinary page)."""
+    down = False
+
+    def do_GET(self):  # noqa: N802
+        body = b"<html><body><p>Secret code: 1</p></body></html>" if not self.down else b"<h1>502 Bad Gateway</h1>"
+        self.send_response(502 if self.down else 200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_site_behind_a_proxy_answering_502_is_down():
+    handler = type("P", (_Proxy,), {"down": False})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        e = make("webarena_lite", max_turns=4, web=CFG)
+        e.reset(demo.tasks(1, first_seed=1, url=url)[0])
+        out, r, term, _, info = e.step(f'goto("{url}/other")')  # up: an ordinary step
+        assert not term and info["error"] is None, (r, term, info, out)
+        handler.down = True
+        with pytest.raises(Exception, match=r"site demo .* answers HTTP 502") as ex:
+            e.step(f'goto("{url}/again")')
+        assert type(ex.value).__name__ == "SiteDown"
+        assert e.gym is None and not _browsers()
+    finally:
+        srv.shutdown()
+        srv.server_close()

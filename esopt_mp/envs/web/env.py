@@ -98,6 +98,7 @@ class WebArenaLiteEnv:
         self.gym = None
         self.task = None
         self._worker: worker.Worker | None = None
+        self._http_5xx: list[str] = []  # page loads answered 5xx since the last check (:meth:`_watch_pages`)
         _install_exit_hooks()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -122,7 +123,20 @@ class WebArenaLiteEnv:
         self.gym = self._call("reset_timeout_s", deadline, gym.make, task["gym_id"], headless=True, slow_mo=0,
                               timeout=int(self.cfg.step_timeout_s * 1000), pre_observation_delay=self.cfg.settle_s,
                               action_mapping=actions.to_python_code, wait_for_user_message=False, **extra)
-        return self._call("reset_timeout_s", deadline, self.gym.reset, seed=int(task.get("seed", 0)))
+        out = self._call("reset_timeout_s", deadline, self.gym.reset, seed=int(task.get("seed", 0)))
+        self._call("reset_timeout_s", deadline, self._watch_pages)
+        return out
+
+    def _watch_pages(self) -> None:
+        """Record page loads answered with HTTP 5xx (a proxy's 502/503 before a site that is down): they render as
+        ordinary pages, with no network error, so :meth:`_check_sites` is told by this record."""
+        seen = self._http_5xx = []  # the list, not self, in the callback: the browser does not hold the env
+
+        def on_response(r):
+            if r.status >= 500 and r.request.is_navigation_request():
+                seen.append(f"HTTP {r.status} from {r.url[:120]}")
+
+        self.gym.unwrapped.context.on("response", on_response)
 
     def _call(self, key: str, deadline: float, fn, /, *args, **kwargs):
         """``fn`` on this episode's browser thread, given until ``deadline`` (perf_counter) to return; past it
@@ -212,9 +226,12 @@ class WebArenaLiteEnv:
         return [{"role": "user", "content": text}], float(reward), False, False, meta
 
     def _check_sites(self, obs: dict) -> None:
-        """After a network error or a Chromium error page: raise :class:`SiteDown` if a task's site is down."""
+        """After a network error, a Chromium error page or a page load answered with HTTP 5xx: raise
+        :class:`SiteDown` if a task's site is down (fails its probe or answers it with 5xx)."""
         error_page = str(obs.get("url", "")).startswith("chrome-error://")
-        if not (error_page or "net::ERR_" in (obs.get("last_action_error") or "")):
+        http_5xx = bool(self._http_5xx)
+        self._http_5xx.clear()
+        if not (error_page or http_5xx or "net::ERR_" in (obs.get("last_action_error") or "")):
             return  # the model's own bad URL also lands here: only a site of the task that fails a probe is a fault
         for site, url in _site_urls(self.task).items():
             try:

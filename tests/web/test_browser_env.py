@@ -268,3 +268,25 @@ def test_a_site_behind_a_proxy_answering_502_is_down():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_configured_chromium_is_the_one_launched(tmp_path, monkeypatch):
+    """env.web.chromium names a wrapper of the real binary (not the setup link's target): the browser of an episode
+    is started through it."""
+    from esopt_mp.envs.web import stack
+
+    real = os.path.realpath(stack.browser_link(os.environ["PLAYWRIGHT_BROWSERS_PATH"]))
+    wrapper, seen = tmp_path / "my-chromium", tmp_path / "launched"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {seen}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", os.environ["PLAYWRIGHT_BROWSERS_PATH"])  # restored afterwards
+    close_all()  # idle playwright drivers keep the browsers path they started with
+    try:
+        e = make("webarena_lite", max_turns=2, web=dataclasses.replace(CFG, chromium=str(wrapper)))
+        e.reset(demo.tasks(1, first_seed=1)[0])
+        assert seen.exists() and "--headless" in seen.read_text()
+        e.close()
+    finally:
+        close_all()
+    with pytest.raises(stack.WebStackMissing, match="is not an executable file"):
+        stack.check(str(tmp_path / "nothing-here"))

@@ -1,5 +1,6 @@
 """webarena_lite without a browser: reply parsing, observation trimming, config checks, task sets, preflight."""
 import http.server
+import json
 import threading
 
 import pytest
@@ -136,6 +137,49 @@ def test_task_selection_splits_and_counts_exclusions():
     assert wt.select(only_answer=True, configs=CONFIGS, judge=False)[1]["kept"] == 1
     with pytest.raises(ValueError, match=r"env.web.task_ids: unknown WebArena-Lite task ids \[99\]"):
         wt.select([99], configs=CONFIGS)
+
+
+class _Judge(http.server.BaseHTTPRequestHandler):
+    models = ["gpt-4-1106-preview"]
+
+    def do_GET(self):  # noqa: N802
+        ok = self.path == "/v1/models" and self.headers.get("Authorization") == "Bearer k"
+        body = json.dumps({"data": [{"id": m} for m in self.models]}).encode()
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_judge_preflight_checks_the_url_the_key_and_the_model_browsergym_asks_for(monkeypatch):
+    handler = type("J", (_Judge,), {"models": list(_Judge.models)})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        assert not wt.judge_available()  # the names BrowserGym's judge client reads, and no others
+        monkeypatch.setenv("OPENAI_BASE_URL", base)
+        assert wt.judge_available() and wt.judge_preflight(5) == ["gpt-4-1106-preview"]
+        monkeypatch.setenv("OPENAI_API_KEY", "wrong")
+        with pytest.raises(RuntimeError, match="answers HTTP 401"):
+            wt.judge_preflight(5)
+        monkeypatch.setenv("OPENAI_API_KEY", "k")
+        handler.models = ["qwen-judge"]
+        with pytest.raises(RuntimeError, match="does not serve 'gpt-4-1106-preview'"):
+            wt.judge_preflight(5)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    with pytest.raises(RuntimeError, match="judge .* is unreachable"):
+        wt.judge_preflight(5)
+    assert all("judged" in t for t in wt.select(configs=CONFIGS, judge=True)[0])
+    with pytest.raises(ConfigError, match="unknown config key 'env.web.judge_url_env'"):
+        build_config({"env": {"name": "webarena_lite", "web": {"judge_url_env": "X"}}})
 
 
 def test_preflight_names_the_missing_variable_and_the_unreachable_site(monkeypatch):

@@ -25,8 +25,8 @@ class WebConfig:
     max_browsers: int = 4  # concurrent episodes (each one browser, ~400 MB) per TP leader
     settle_s: float = 0.5  # wait after each action before observing (BrowserGym's pre_observation_delay)
     preflight_timeout_s: float = 10.0  # per site, before any rollout
-    judge_url_env: str = "OPENAI_BASE_URL"  # OpenAI-compatible judge for llm_eval tasks (unset: they are excluded)
-    judge_key_env: str = "OPENAI_API_KEY"
+    # the LLM judge of fuzzy_match tasks: $OPENAI_BASE_URL + $OPENAI_API_KEY (the names BrowserGym's webarena reads;
+    # unset: those tasks are excluded and counted), serving the model esopt_mp.envs.web.tasks.JUDGE_MODEL
 
     def validate(self, key: str = "env.web") -> None:
         def check(cond: bool, k: str, msg: str) -> None:

@@ -52,8 +52,36 @@ def answer_only(config: dict) -> bool:
     return config["eval"]["eval_types"] == ["string_match"]
 
 
-def judge_available(url_env: str = "OPENAI_BASE_URL", key_env: str = "OPENAI_API_KEY") -> bool:
-    return bool(os.environ.get(url_env)) and bool(os.environ.get(key_env))
+JUDGE_MODEL = "gpt-4-1106-preview"  # hard-coded by browsergym.webarenalite.helper_functions (llm_fuzzy_match)
+
+
+def judge_available() -> bool:
+    """$OPENAI_BASE_URL and $OPENAI_API_KEY set: the only names BrowserGym's judge client reads
+    (webarena.llms.providers.openai_utils: ``openai.OpenAI(api_key=$OPENAI_API_KEY)``, base URL from the env)."""
+    return bool(os.environ.get("OPENAI_BASE_URL")) and bool(os.environ.get("OPENAI_API_KEY"))
+
+
+def judge_preflight(timeout_s: float = 10.0) -> list[str]:
+    """The judge answers ``GET $OPENAI_BASE_URL/models`` with the key and serves :data:`JUDGE_MODEL`; its model ids.
+
+    BrowserGym asks for that model name whatever the server is: serve the judge under it (vLLM:
+    ``--served-model-name gpt-4-1106-preview``).
+    """
+    base = os.environ["OPENAI_BASE_URL"].rstrip("/")
+    req = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            ids = [m.get("id") for m in json.load(r).get("data", [])]
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"webarena_lite preflight: the LLM judge (OPENAI_BASE_URL={base}) answers HTTP {e.code} "
+                           "to GET /models") from None
+    except (OSError, ValueError, AttributeError) as e:
+        raise RuntimeError(f"webarena_lite preflight: the LLM judge (OPENAI_BASE_URL={base}) is unreachable or not "
+                           f"OpenAI-compatible: {getattr(e, 'reason', e)}") from None
+    if JUDGE_MODEL not in ids:
+        raise RuntimeError(f"webarena_lite preflight: the LLM judge at {base} does not serve {JUDGE_MODEL!r} (the "
+                           f"name BrowserGym asks for; it serves {ids[:5]}): serve the judge under that name")
+    return ids
 
 
 def split_ids(ids, split: str) -> list[int]:
@@ -86,7 +114,7 @@ def select(task_ids=(), split: str = "all", only_answer: bool = False, judge: bo
             counts["excluded_needs_judge"] += 1
         else:
             tasks.append({"id": f"webarenalite.{i}", "gym_id": f"browsergym/webarenalite.{i}",
-                          "sites": list(c["sites"]), "intent": c["intent"]})
+                          "sites": list(c["sites"]), "intent": c["intent"], "judged": needs_judge(c)})
     counts["kept"] = len(tasks)
     if counts["excluded_needs_judge"]:
         log.warning("webarena_lite: %d tasks need an LLM judge (OPENAI_BASE_URL + OPENAI_API_KEY unset): excluded",
@@ -130,7 +158,7 @@ def load_split(env_cfg) -> tuple[list[dict], list[dict]]:
         from esopt_mp.envs.web import demo
 
         return demo.tasks(env_cfg.n_train), demo.tasks(env_cfg.n_eval, first_seed=10_000)
-    judge = judge_available(web.judge_url_env, web.judge_key_env)
+    judge = judge_available()
     splits = ("train", "heldout") if web.split == "all" else (web.split, web.split)
     train, c_train = select(web.task_ids, splits[0], web.answer_only, judge)
     held, c_held = select(web.task_ids, splits[1], web.answer_only, judge)
@@ -152,6 +180,8 @@ def startup_check(env_cfg) -> None:
     if web.suite == "webarena_lite":
         train, held = load_split(env_cfg)
         preflight({s for t in train + held for s in t["sites"]}, web.preflight_timeout_s)
+        if any(t["judged"] for t in train + held):
+            judge_preflight(web.preflight_timeout_s)
 
 
 def main(argv=None) -> int:
@@ -170,6 +200,8 @@ def main(argv=None) -> int:
         try:
             out["stack"] = check()
             out["sites"] = preflight({s for t in tasks for s in t["sites"]}, a.timeout)
+            if any(t["judged"] for t in tasks):
+                out["judge_models"] = judge_preflight(a.timeout)
         except RuntimeError as e:  # WebStackMissing is one
             print(json.dumps({**out, "error": str(e)}))
             return 1

@@ -76,7 +76,9 @@ class AgentObjective:
         if dims.is_tp_leader and env_cfg.name == "webarena_lite":  # browser stack and sites, before any rollout
             from esopt_mp.envs.web.tasks import startup_check
 
-            startup_check(env_cfg)
+            startup_check(env_cfg, reset=dims.dp_rank == 0)  # env.web.full_reset: one leader resets for all
+        if env_cfg.name == "webarena_lite" and env_cfg.web.full_reset:  # nobody plays before the sites are reset
+            dims.comm.all_reduce(torch.zeros(1), "sum", "world")
         budget = {"max_episode_tokens": env_cfg.max_episode_tokens}  # per trajectory, both engines
         self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(), **budget)
         self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature), **budget)

@@ -25,6 +25,9 @@ class WebConfig:
     max_browsers: int = 4  # concurrent episodes (each one browser, ~400 MB) per TP leader
     settle_s: float = 0.5  # wait after each action before observing (BrowserGym's pre_observation_delay)
     preflight_timeout_s: float = 10.0  # per site, before any rollout
+    # at the run's start (and each resume): BrowserGym's WebArena full reset (GET $WA_FULL_RESET/reset, then
+    # /status until ready), every site back to its initial state; the only reset the benchmark has
+    full_reset: bool = False
     # the LLM judge of fuzzy_match tasks: $OPENAI_BASE_URL + $OPENAI_API_KEY (the names BrowserGym's webarena reads;
     # unset: those tasks are excluded and counted), serving the model esopt_mp.envs.web.tasks.JUDGE_MODEL
 

@@ -43,8 +43,8 @@ def test_no_chromium_and_no_apt_is_cannot_install(monkeypatch, capsys, tmp_path)
 
 def test_a_failed_pip_install_is_cannot_install_with_pips_reason(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ESOPT_CHROMIUM", "/bin/sh")  # any executable: apt is not needed
-    venv = _fake_venv(tmp_path, 'case "$2" in *find_spec*) exit 1;; esac\n'
-                                'echo "ERROR: No matching distribution found for browsergym-core==0.14.3" >&2; exit 1\n')
+    err = "ERROR: No matching distribution found for browsergym-core==0.14.3"
+    venv = _fake_venv(tmp_path, f'case "$2" in *find_spec*) exit 1;; esac\necho "{err}" >&2; exit 1\n')
     code, err = _run(monkeypatch, capsys, "--venv", venv, "--no-apt", "--root", str(tmp_path))
     assert code == 3 and "pip install of the BrowserGym packages failed (exit 1)" in err
     assert "No matching distribution found for browsergym-core" in err

@@ -24,11 +24,15 @@ export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
 # WA_SHOPPING, WA_SHOPPING_ADMIN, WA_REDDIT, WA_GITLAB, WA_MAP, WA_WIKIPEDIA, WA_HOMEPAGE: the WebArena sites
 : "${WA_SHOPPING:?export the WebArena site URLs (WA_*) before sbatch}"
-# before any GPU work: the offline browser stack (tools/setup_browser.py) and every site the task set needs;
-# prints one JSON line naming what is missing. Browsers per TP leader: env.web.max_browsers (8 in the profile).
-python -m esopt_mp.envs.web.tasks --preflight || exit 1
+# the interpreter of tools/setup_browser.py --venv .venv-web (BrowserGym; torch and esopt_mp from the system)
+PY=${ESOPT_WEB_PYTHON:-.venv-web/bin/python}
+# before any GPU work, with the run's own overrides: the offline browser stack, every site the run's task set
+# needs and (judged tasks included) the LLM judge; prints one JSON line naming what is missing.
+# Browsers per TP leader: env.web.max_browsers (8 in the profile).
+"$PY" -m esopt_mp.envs.web.tasks --preflight -- +experiment=webarena_27b parallel.tp=4 \
+  parallel.dp=$SLURM_NNODES "$@" || exit 1
 set +e
-srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python launch/train.py +experiment=webarena_27b \
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" "$PY" launch/train.py +experiment=webarena_27b \
   parallel.tp=4 parallel.dp=$SLURM_NNODES "$@"
 rc=$?
 set -e

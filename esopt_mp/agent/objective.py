@@ -79,7 +79,9 @@ class AgentObjective:
         if dims.is_tp_leader and env_cfg.name == "webarena_lite":  # browser stack and sites, before any rollout
             from esopt_mp.envs.web.tasks import startup_check
 
-            startup_check(env_cfg)
+            startup_check(env_cfg, reset=dims.dp_rank == 0)  # env.web.full_reset: one leader resets for all
+        if env_cfg.name == "webarena_lite" and env_cfg.web.full_reset:  # nobody plays before the sites are reset
+            dims.comm.barrier()
         budget = {"max_episode_tokens": env_cfg.max_episode_tokens,  # per trajectory, both engines
                   "episode_timeout_s": env_cfg.episode_timeout_s, "env_workers": env_cfg.env_workers}
         self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(), **budget)
@@ -95,8 +97,7 @@ class AgentObjective:
     def _play(self, tasks, seeds, cfg, **tags) -> tuple[float, int]:
         """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
         if not self.dims.is_tp_leader:
-            for _ in range(-(-len(tasks) // self._group(len(tasks)))):  # one follow per batch the leader plays
-                follow_episodes(self.engine, cfg, self.dims)
+            self._follow(len(tasks), cfg)
             return 0.0, 0
         eps = self.play(tasks, seeds, cfg, **tags)
         finite = [e.ret for e in eps if not math.isnan(e.ret)]
@@ -140,6 +141,11 @@ class AgentObjective:
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
 
+    def _follow(self, n: int, cfg) -> None:
+        """A TP peer's side of :meth:`play` for ``n`` episodes: one follow per batch the leader plays."""
+        for _ in range(-(-n // self._group(n))):
+            follow_episodes(self.engine, cfg, self.dims)
+
     def _group(self, n: int) -> int:
         """Episodes played at once: all, or env.web.max_browsers for an environment holding a browser each."""
         return max(1, min(n, self.cfg.web.max_browsers) if self.cfg.name == "webarena_lite" else n)
@@ -173,8 +179,8 @@ class AgentObjective:
             eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, kind="eval", round=r)
             failed = sum(math.isnan(ep.ret) for ep in eps)
             rets = [(e // k, 0.0 if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
-        else:
-            follow_episodes(self.engine, self.eval_cfg, self.dims)
+        else:  # one follow per batch of env.web.max_browsers episodes the leader plays
+            self._follow(len(mine), self.eval_cfg)
             rets, failed = [], 0
         best = torch.full((n,), -math.inf, dtype=torch.float64)
         for q, ret in rets:

@@ -1,5 +1,6 @@
 """webarena_lite in real headless Chromium: the demo site's tasks, faults, and process hygiene."""
 import dataclasses
+import http.server
 import math
 import os
 import re
@@ -68,6 +69,10 @@ def test_malformed_reply_gets_parse_feedback_and_bad_bid_gets_browsergym_error(e
     out, r, term, trunc, info = env.step('click("zz99")')
     assert 'Could not find element with bid "zz99"' in out[0]["content"] and info["error"]
     assert "# Error from the last action" in out[0]["content"] and not term
+    out, r, term, trunc, info = env.step("still unsure")  # feedback for this reply, not the earlier error again
+    assert "# Feedback\nno action found" in out[0]["content"] and "zz99" not in out[0]["content"]
+    out, r, term, trunc, info = env.step('goto("file:///etc/passwd")')
+    assert info["action"] is None and "http:// or https://" in info["feedback"]
 
 
 def test_turn_budget_truncates_and_closes():
@@ -178,3 +183,110 @@ def test_step_past_its_time_limit_raises_and_closes():
     with pytest.raises(Exception, match="Timeout 10ms exceeded"):  # a reset past playwright's timeout (its own error)
         make("webarena_lite", web=WebConfig(settle_s=0.0, step_timeout_s=0.01)).reset(demo.tasks(1)[0])
     assert not _browsers()
+
+
+_BUSY = (b"<html><body><h1>Busy</h1><button onclick=\"setTimeout(()=>{while(true){}},0)\">Go</button>"
+         b"</body></html>")
+
+
+class _BusyPage(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(_BUSY)))
+        self.end_headers()
+        self.wfile.write(_BUSY)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_page_that_never_yields_is_killed_at_the_step_time_limit():
+    """Its JavaScript loops forever after a click, so playwright's call never returns: the step's wall clock
+    (env.web.step_timeout_s) kills the browser, the step raises, and no process is left."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyPage)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cfg = WebConfig(settle_s=0.0, step_timeout_s=3.0, episode_timeout_s=60.0)
+        e = make("webarena_lite", max_turns=4, web=cfg)
+        obs = e.reset(demo.tasks(1, url=f"http://127.0.0.1:{srv.server_address[1]}")[0])[0][-1]["content"]
+        assert _browsers()
+        done = []
+        t = threading.Thread(target=lambda: done.append(_raises(e.step, f'click("{_bid(obs, "button", "Go")}")')),
+                             daemon=True)
+        t.start()
+        t.join(60)  # without the kill the click never returns
+        assert done and isinstance(done[0], TimeoutError), done
+        assert "env.web.step_timeout_s=3" in str(done[0]) and "killed its" in str(done[0])
+        assert e.gym is None and not _browsers()
+        assert close_all() == 0
+        assert not [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _raises(fn, *a):
+    try:
+        fn(*a)
+    except BaseException as ex:  # noqa: BLE001 - returned to the test
+        return ex
+    return None
+
+
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """A site behind a proxy: a page while up, then the proxy's 502 (no network error, an ordinary page)."""
+    down = False
+
+    def do_GET(self):  # noqa: N802
+        body = b"<html><body><p>Secret code: 1</p></body></html>" if not self.down else b"<h1>502 Bad Gateway</h1>"
+        self.send_response(502 if self.down else 200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_site_behind_a_proxy_answering_502_is_down():
+    handler = type("P", (_Proxy,), {"down": False})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        e = make("webarena_lite", max_turns=4, web=CFG)
+        e.reset(demo.tasks(1, first_seed=1, url=url)[0])
+        out, r, term, _, info = e.step(f'goto("{url}/other")')  # up: an ordinary step
+        assert not term and info["error"] is None, (r, term, info, out)
+        handler.down = True
+        with pytest.raises(Exception, match=r"site demo .* answers HTTP 502") as ex:
+            e.step(f'goto("{url}/again")')
+        assert type(ex.value).__name__ == "SiteDown"
+        assert e.gym is None and not _browsers()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_the_configured_chromium_is_the_one_launched(tmp_path, monkeypatch):
+    """env.web.chromium names a wrapper of the real binary (not the setup link's target): the browser of an episode
+    is started through it."""
+    from esopt_mp.envs.web import stack
+
+    real = os.path.realpath(stack.browser_link(os.environ["PLAYWRIGHT_BROWSERS_PATH"]))
+    wrapper, seen = tmp_path / "my-chromium", tmp_path / "launched"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {seen}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", os.environ["PLAYWRIGHT_BROWSERS_PATH"])  # restored afterwards
+    close_all()  # idle playwright drivers keep the browsers path they started with
+    try:
+        e = make("webarena_lite", max_turns=2, web=dataclasses.replace(CFG, chromium=str(wrapper)))
+        e.reset(demo.tasks(1, first_seed=1)[0])
+        assert seen.exists() and "--headless" in seen.read_text()
+        e.close()
+    finally:
+        close_all()
+    with pytest.raises(stack.WebStackMissing, match="is not an executable file"):
+        stack.check(str(tmp_path / "nothing-here"))

@@ -52,3 +52,59 @@ def test_judged_tasks_are_excluded_and_counted_without_a_judge():
     assert counts["kept"] + len(judged) == counts["selected"] == 165
     assert not {t["id"] for t in kept} & {f"webarenalite.{c['old_task_id']}" for c in judged}
     assert wt.select(judge=True)[1]["kept"] == 165
+
+
+_RESET_SERVER = r'''
+import http.server, json, os, sys, threading
+hits = []
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        hits.append(self.path)
+        body = b"Ready for duty!" if self.path == "/status" else b"ok"
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+url = f"http://127.0.0.1:{srv.server_address[1]}"
+for s in ("SHOPPING", "SHOPPING_ADMIN", "REDDIT", "GITLAB", "WIKIPEDIA", "MAP", "HOMEPAGE"):
+    os.environ[f"WA_{s}"] = url
+os.environ["WA_FULL_RESET"] = url
+from esopt_mp.envs.web import stack, tasks
+stack.check()
+tasks.full_reset()
+print(json.dumps(hits))
+'''
+
+
+def test_full_reset_is_browsergyms_reset_protocol(monkeypatch):
+    """env.web.full_reset calls BrowserGym's WebArenaInstance.full_reset: GET $WA_FULL_RESET/reset, /status until
+    ready, then every site (own process: the WebArena site URLs are read once per process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _RESET_SERVER], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr[-2000:]
+    hits = json.loads(out.stdout.strip().splitlines()[-1])
+    assert hits[:2] == ["/reset", "/status"] and len(hits) >= 3  # then the sites' warm-up
+    monkeypatch.delenv("WA_FULL_RESET", raising=False)
+    with pytest.raises(RuntimeError, match="env.web.full_reset: WA_FULL_RESET is not set"):
+        wt.full_reset()
+
+
+def test_preflight_checks_the_runs_own_task_set(capsys):
+    """``--preflight -- <overrides>``: the trainer's start check on the task set the overrides give (slurm script)."""
+    assert wt.main(["--preflight", "--", "+experiment=webarena_tiny"]) == 0
+    assert '"suite": "demo"' in capsys.readouterr().out
+    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.web.task_ids=[99999]"]) == 1
+    assert "unknown WebArena-Lite task ids [99999]" in capsys.readouterr().out
+    run = ["--preflight", "--", "+experiment=webarena_27b", "env.episodes_per_step=1", "env.web.answer_only=true"]
+    assert wt.main(run + ["env.web.task_ids=[4,15]"]) == 0  # shopping_admin (train 4, held-out 15): a stub page
+    assert '"train": 1, "heldout": 1' in capsys.readouterr().out
+    assert wt.main(run + ["env.web.task_ids=[69,15]"]) == 1  # task 69 is on reddit: a closed port here
+    assert "site reddit (WA_REDDIT=" in capsys.readouterr().out
+    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.web.nope=1"]) == 1
+    assert "env.web.nope" in capsys.readouterr().out

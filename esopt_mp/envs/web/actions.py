@@ -8,7 +8,9 @@ The last action in the reply counts (models reason first, act last).
 from __future__ import annotations
 
 import ast
+import math
 import re
+import urllib.parse
 
 # name -> (kinds of the required positional arguments, kinds of optional ones); "s" str, "n" number, "i" int,
 # "l" str or list of str
@@ -45,8 +47,8 @@ def _kind_ok(kind: str, v) -> bool:
         return isinstance(v, str)
     if kind == "i":
         return isinstance(v, int) and not isinstance(v, bool)
-    if kind == "n":
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if kind == "n":  # finite: BrowserGym's scroll passes it to the page's JavaScript
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     return isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(x, str) for x in v))
 
 
@@ -70,8 +72,13 @@ def _parse_call(src: str) -> str:
         if name in _BIDS and i == 0 and isinstance(v, int) and not isinstance(v, bool):
             v = args[0] = str(v)  # click(12): element ids are strings in BrowserGym
         if not _kind_ok(kind, v):
-            want = {"s": "a string", "i": "an integer", "n": "a number", "l": "a string or list of strings"}[kind]
+            want = {"s": "a string", "i": "an integer", "n": "a finite number",
+                    "l": "a string or list of strings"}[kind]
             raise ActionError(f"{name}: argument {i + 1} must be {want}, got {v!r}")
+    if name == "goto":  # web pages only: no file://, javascript:, chrome:// ...
+        url = urllib.parse.urlsplit(args[0].strip())
+        if url.scheme.lower() not in ("http", "https") or not url.netloc:
+            raise ActionError(f"goto: the URL must start with http:// or https://, got {args[0][:80]!r}")
     return f"{name}({', '.join(repr(a) for a in args)})"
 
 

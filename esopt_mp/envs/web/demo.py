@@ -118,7 +118,8 @@ def _register() -> None:
                     return 0.0, False, "", {}
                 name = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query).get("name")
                 return float(name == [NAMES[self.seed % len(NAMES)]]), True, "", {"submitted": name}
-            answers = [m["message"] for m in chat_messages if m["role"] == "assistant"]
+            users = [i for i, m in enumerate(chat_messages) if m["role"] == "user"]  # the goal; before it: greeting
+            answers = [m["message"] for m in chat_messages[users[0] + 1 if users else 0:] if m["role"] == "assistant"]
             if not answers:
                 return 0.0, False, "", {}
             return float(str(code_of(self.seed)) in answers[-1]), True, "", {"answer": answers[-1]}

@@ -98,6 +98,7 @@ class WebArenaLiteEnv:
         self.gym = None
         self.task = None
         self._worker: worker.Worker | None = None
+        self._http_5xx: list[str] = []  # page loads answered 5xx since the last check (:meth:`_watch_pages`)
         _install_exit_hooks()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -117,12 +118,39 @@ class WebArenaLiteEnv:
         worker.patch_browsergym()
         extra = {"task_kwargs": {"url": task["url"]}} if task.get("url") else {}  # a demo task on its own site
         self._worker = self._worker or worker.lease()
-        self.gym = self._worker.call(gym.make, task["gym_id"], headless=True, slow_mo=0,
-                                     timeout=int(self.cfg.step_timeout_s * 1000),
-                                     pre_observation_delay=self.cfg.settle_s, action_mapping=actions.to_python_code,
-                                     wait_for_user_message=False, **extra)
+        deadline = time.perf_counter() + self.cfg.reset_timeout_s
         _LIVE.add(self)
-        return self._worker.call(self.gym.reset, seed=int(task.get("seed", 0)))
+        self.gym = self._call("reset_timeout_s", deadline, gym.make, task["gym_id"], headless=True, slow_mo=0,
+                              timeout=int(self.cfg.step_timeout_s * 1000), pre_observation_delay=self.cfg.settle_s,
+                              action_mapping=actions.to_python_code, wait_for_user_message=False, **extra)
+        out = self._call("reset_timeout_s", deadline, self.gym.reset, seed=int(task.get("seed", 0)))
+        self._call("reset_timeout_s", deadline, self._watch_pages)
+        return out
+
+    def _watch_pages(self) -> None:
+        """Record page loads answered with HTTP 5xx (a proxy's 502/503 before a site that is down): they render as
+        ordinary pages, with no network error, so :meth:`_check_sites` is told by this record."""
+        seen = self._http_5xx = []  # the list, not self, in the callback: the browser does not hold the env
+
+        def on_response(r):
+            if r.status >= 500 and r.request.is_navigation_request():
+                seen.append(f"HTTP {r.status} from {r.url[:120]}")
+
+        self.gym.unwrapped.context.on("response", on_response)
+
+    def _call(self, key: str, deadline: float, fn, /, *args, **kwargs):
+        """``fn`` on this episode's browser thread, given until ``deadline`` (perf_counter) to return; past it
+        the browser and its driver are killed (a page whose JavaScript never yields blocks playwright for good)
+        and :class:`TimeoutError` names ``env.web.<key>``."""
+        w, limit = self._worker, getattr(self.cfg, key)
+        try:
+            return w.call(fn, *args, timeout_s=max(0.0, deadline - time.perf_counter()), **kwargs)
+        except worker.CallTimeout:
+            self.gym, self._worker = None, None
+            _LIVE.discard(self)
+            n = w.kill()
+            raise TimeoutError(f"browser did not answer within env.web.{key}={limit:g} s; "
+                               f"killed its {n} processes") from None
 
     def close(self) -> int:
         """Close this episode's browser (idempotent) and hand its thread back; 1 if a browser was open."""
@@ -138,8 +166,8 @@ class WebArenaLiteEnv:
                 healthy = False
         if w is not None and healthy:
             worker.release(w)
-        elif w is not None:  # failed to close (maybe still stuck in a call): not reused
-            w.stop(timeout=0)
+        elif w is not None:  # failed to close (maybe still stuck in a call): its processes are killed
+            w.kill()
         return int(g is not None)
 
     def __del__(self):
@@ -171,11 +199,14 @@ class WebArenaLiteEnv:
         except ActionError as e:
             if out_of_turns:
                 self.close()
-            text = render(self.obs, self._tree(self.obs), self.cfg.obs_tokens, self.goal, feedback=str(e))
+            page = {**self.obs, "last_action_error": ""}  # the earlier action's error was shown already
+            text = render(page, self._tree(self.obs), self.cfg.obs_tokens, self.goal, feedback=str(e))
             return [{"role": "user", "content": text}], 0.0, False, out_of_turns, {"action": None, "feedback": str(e)}
         try:
             t = time.perf_counter()
-            obs, reward, term, trunc, info = self._worker.call(self.gym.step, action)
+            limit = min(t + self.cfg.step_timeout_s, self.t0 + self.cfg.episode_timeout_s)
+            key = "step_timeout_s" if limit == t + self.cfg.step_timeout_s else "episode_timeout_s"
+            obs, reward, term, trunc, info = self._call(key, limit, self.gym.step, action)
             step_s, total = time.perf_counter() - t, time.perf_counter() - self.t0
             self._check_sites(obs)
             if step_s > self.cfg.step_timeout_s:
@@ -195,9 +226,12 @@ class WebArenaLiteEnv:
         return [{"role": "user", "content": text}], float(reward), False, False, meta
 
     def _check_sites(self, obs: dict) -> None:
-        """After a network error or a Chromium error page: raise :class:`SiteDown` if a task's site is down."""
+        """After a network error, a Chromium error page or a page load answered with HTTP 5xx: raise
+        :class:`SiteDown` if a task's site is down (fails its probe or answers it with 5xx)."""
         error_page = str(obs.get("url", "")).startswith("chrome-error://")
-        if not (error_page or "net::ERR_" in (obs.get("last_action_error") or "")):
+        http_5xx = bool(self._http_5xx)
+        self._http_5xx.clear()
+        if not (error_page or http_5xx or "net::ERR_" in (obs.get("last_action_error") or "")):
             return  # the model's own bad URL also lands here: only a site of the task that fails a probe is a fault
         for site, url in _site_urls(self.task).items():
             try:

@@ -1,15 +1,21 @@
 """BrowserGym observation -> the text the model reads, within a token budget.
 
-Always kept: the goal, the URL and open tabs, the latest feedback (the newest
+Always shown: the goal, the URL and open tabs, the latest feedback (the newest
 chat message and this environment's own parse feedback) and the last action's
-error. The accessibility tree fills the rest: whole if it fits, else a window
-of lines around the focused element (or from the top when nothing has focus),
-with markers saying how many lines were cut. Tokens are estimated at
-``CHARS_PER_TOKEN`` characters each: envs do not load the model's tokenizer.
+error, each capped to a share of the budget (:data:`SHARES`; the goal whole up
+to its share, the others cut with a marker saying how much). The accessibility
+tree fills the rest: whole if it fits, else a window of lines around the
+focused element (or from the top when nothing has focus), with markers saying
+how many lines were cut. The whole text stays within the budget. Tokens are
+estimated at ``CHARS_PER_TOKEN`` characters each: envs do not load the model's
+tokenizer.
 """
 from __future__ import annotations
 
+import re
+
 CHARS_PER_TOKEN = 4
+SHARES = {"goal": 1 / 4, "page": 1 / 8, "message": 1 / 8, "feedback": 1 / 8, "error": 1 / 8}  # of the budget
 
 
 def estimate_tokens(text: str) -> int:
@@ -19,11 +25,19 @@ def estimate_tokens(text: str) -> int:
 def _focused_line(lines: list[str], bid: str | None) -> int | None:
     if not bid:
         return None
-    tag = f"[{bid}]"
+    tag = re.compile(rf"^\s*\[{re.escape(bid)}\](\s|$)")  # the line's own element id, not a "[15]" in its text
     for i, line in enumerate(lines):
-        if tag in line:
+        if tag.match(line):
             return i
     return None
+
+
+def cap(text: str, chars: int) -> str:
+    """``text`` whole if it has at most ``chars`` characters, else its start and a marker saying how much was cut."""
+    if len(text) <= chars:
+        return text
+    keep = max(0, chars - 40)
+    return f"{text[:keep]} ... [{len(text) - keep} characters cut]"
 
 
 def trim_tree(tree: str, budget_tokens: int, focused_bid: str | None = None) -> str:
@@ -68,22 +82,28 @@ def latest_chat(obs: dict) -> str | None:
 
 
 def render(obs: dict, tree: str, budget_tokens: int, goal: str, feedback: str | None = None) -> str:
-    """The observation text: fixed header (goal, page, feedback, error), then the trimmed tree."""
-    head = [f"# Goal\n{goal}", f"# Page\nURL: {obs.get('url', '')}"]
+    """The observation text, within ``budget_tokens``: header (goal, page, feedback, error), then the trimmed tree."""
+    chars = budget_tokens * CHARS_PER_TOKEN
+    share = {k: max(48, int(v * chars)) for k, v in SHARES.items()}
+    page = [f"URL: {cap(str(obs.get('url', '')), share['page'] // 2)}"]
     tabs = obs.get("open_pages_urls") or ()
     if len(tabs) > 1:
         active = obs.get("active_page_index")
         active = int(active[0]) if hasattr(active, "__len__") else active
-        head.append("Tabs: " + "; ".join(f"{i}{'*' if i == active else ''} {u}" for i, u in enumerate(tabs)))
+        page.append("Tabs: " + "; ".join(f"{i}{'*' if i == active else ''} {cap(u, 80)}" for i, u in enumerate(tabs)))
+    head = [f"# Goal\n{cap(goal, share['goal'])}", "# Page\n" + cap("\n".join(page), share["page"])]
     chat = latest_chat(obs)
     if chat and chat.split(": ", 1)[-1].strip() != goal.strip():  # the task's opening message repeats the goal
-        head.append(f"# Latest message\n{chat}")
+        head.append(f"# Latest message\n{cap(chat, share['message'])}")
     if feedback:
-        head.append(f"# Feedback\n{feedback}")
+        head.append(f"# Feedback\n{cap(feedback, share['feedback'])}")
     err = obs.get("last_action_error")
     if err:
-        head.append(f"# Error from the last action\n{err}")
-    head_text = "\n".join(head)
+        head.append(f"# Error from the last action\n{cap(str(err), share['error'])}")
+    head_text = "\n".join(head) + "\n# Accessibility tree\n"
     focused = obs.get("focused_element_bid") or None
-    room = max(budget_tokens - estimate_tokens(head_text), 32)
-    return f"{head_text}\n# Accessibility tree\n{trim_tree(tree, room, focused)}"
+    room = budget_tokens - estimate_tokens(head_text)
+    text = head_text + (trim_tree(tree, room, focused) if room >= 48 else "")
+    if len(text) > chars:  # a tiny budget: the parts' floors and the tree's markers may not fit
+        text = cap(text, chars)
+    return text

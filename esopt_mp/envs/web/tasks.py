@@ -9,6 +9,10 @@ scorer calls an LLM (a ``fuzzy_match`` reference, scored by ``llm_fuzzy_match``
 ``OPENAI_API_KEY``); without one they are excluded and counted, never scored 0.
 
     python -m esopt_mp.envs.web.tasks --preflight [--split train] [--ids 4 15]
+    python -m esopt_mp.envs.web.tasks --preflight -- +experiment=webarena_27b [overrides]   # the run's task set
+
+Site state: WebArena-Lite's sites are shared by every member and step of a run and are never reset between
+episodes (the benchmark has no per-episode reset); ``env.web.full_reset`` resets them once at the run's start.
 """
 from __future__ import annotations
 
@@ -52,8 +56,36 @@ def answer_only(config: dict) -> bool:
     return config["eval"]["eval_types"] == ["string_match"]
 
 
-def judge_available(url_env: str = "OPENAI_BASE_URL", key_env: str = "OPENAI_API_KEY") -> bool:
-    return bool(os.environ.get(url_env)) and bool(os.environ.get(key_env))
+JUDGE_MODEL = "gpt-4-1106-preview"  # hard-coded by browsergym.webarenalite.helper_functions (llm_fuzzy_match)
+
+
+def judge_available() -> bool:
+    """$OPENAI_BASE_URL and $OPENAI_API_KEY set: the only names BrowserGym's judge client reads
+    (webarena.llms.providers.openai_utils: ``openai.OpenAI(api_key=$OPENAI_API_KEY)``, base URL from the env)."""
+    return bool(os.environ.get("OPENAI_BASE_URL")) and bool(os.environ.get("OPENAI_API_KEY"))
+
+
+def judge_preflight(timeout_s: float = 10.0) -> list[str]:
+    """The judge answers ``GET $OPENAI_BASE_URL/models`` with the key and serves :data:`JUDGE_MODEL`; its model ids.
+
+    BrowserGym asks for that model name whatever the server is: serve the judge under it (vLLM:
+    ``--served-model-name gpt-4-1106-preview``).
+    """
+    base = os.environ["OPENAI_BASE_URL"].rstrip("/")
+    req = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            ids = [m.get("id") for m in json.load(r).get("data", [])]
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"webarena_lite preflight: the LLM judge (OPENAI_BASE_URL={base}) answers HTTP {e.code} "
+                           "to GET /models") from None
+    except (OSError, ValueError, AttributeError) as e:
+        raise RuntimeError(f"webarena_lite preflight: the LLM judge (OPENAI_BASE_URL={base}) is unreachable or not "
+                           f"OpenAI-compatible: {getattr(e, 'reason', e)}") from None
+    if JUDGE_MODEL not in ids:
+        raise RuntimeError(f"webarena_lite preflight: the LLM judge at {base} does not serve {JUDGE_MODEL!r} (the "
+                           f"name BrowserGym asks for; it serves {ids[:5]}): serve the judge under that name")
+    return ids
 
 
 def split_ids(ids, split: str) -> list[int]:
@@ -86,7 +118,7 @@ def select(task_ids=(), split: str = "all", only_answer: bool = False, judge: bo
             counts["excluded_needs_judge"] += 1
         else:
             tasks.append({"id": f"webarenalite.{i}", "gym_id": f"browsergym/webarenalite.{i}",
-                          "sites": list(c["sites"]), "intent": c["intent"]})
+                          "sites": list(c["sites"]), "intent": c["intent"], "judged": needs_judge(c)})
     counts["kept"] = len(tasks)
     if counts["excluded_needs_judge"]:
         log.warning("webarena_lite: %d tasks need an LLM judge (OPENAI_BASE_URL + OPENAI_API_KEY unset): excluded",
@@ -130,7 +162,7 @@ def load_split(env_cfg) -> tuple[list[dict], list[dict]]:
         from esopt_mp.envs.web import demo
 
         return demo.tasks(env_cfg.n_train), demo.tasks(env_cfg.n_eval, first_seed=10_000)
-    judge = judge_available(web.judge_url_env, web.judge_key_env)
+    judge = judge_available()
     splits = ("train", "heldout") if web.split == "all" else (web.split, web.split)
     train, c_train = select(web.task_ids, splits[0], web.answer_only, judge)
     held, c_held = select(web.task_ids, splits[1], web.answer_only, judge)
@@ -143,15 +175,48 @@ def load_split(env_cfg) -> tuple[list[dict], list[dict]]:
     return train, held
 
 
-def startup_check(env_cfg) -> None:
-    """At the trainer's start on TP leaders: the browser stack, then (WebArena) every site the tasks need."""
+def startup_check(env_cfg, reset: bool = True) -> None:
+    """At the trainer's start on TP leaders: the browser stack, then (WebArena) every site the tasks need
+    (``reset``: the sites' full reset first where ``env.web.full_reset`` asks for it)."""
     from esopt_mp.envs.web.stack import check
 
     web = env_cfg.web
     check(web.chromium, web.browsers_path, web.nltk_data)
     if web.suite == "webarena_lite":
         train, held = load_split(env_cfg)
+        if reset and web.full_reset:
+            full_reset()
         preflight({s for t in train + held for s in t["sites"]}, web.preflight_timeout_s)
+        if any(t["judged"] for t in train + held):
+            judge_preflight(web.preflight_timeout_s)
+
+
+def full_reset() -> None:
+    """BrowserGym's WebArena full reset (``WebArenaInstance.full_reset``): every site back to its initial state."""
+    if not os.environ.get("WA_FULL_RESET"):
+        raise RuntimeError("env.web.full_reset: WA_FULL_RESET is not set (the base URL of the WebArena instance's "
+                           "reset server: BrowserGym calls $WA_FULL_RESET/reset and /status)")
+    from browsergym.webarena.instance import WebArenaInstance
+
+    log.info("webarena_lite: full reset of the WebArena sites via %s (minutes)", os.environ["WA_FULL_RESET"])
+    WebArenaInstance().full_reset(skip_if_not_set=False)
+
+
+def run_env_config(overrides: list[str]):
+    """The ``env`` section the trainer would get from these Hydra overrides (the repository's configs)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from esopt_mp.config import build_config
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    configs = os.path.abspath(os.path.join(here, "..", "..", "..", "configs"))
+    try:
+        with initialize_config_dir(config_dir=configs, version_base="1.3"):
+            data = OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+    except Exception as e:  # noqa: BLE001 - Hydra's composition errors: one line, as the trainer would fail
+        raise ValueError(f"config overrides {overrides}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return build_config(data).env
 
 
 def main(argv=None) -> int:
@@ -161,7 +226,19 @@ def main(argv=None) -> int:
     ap.add_argument("--answer-only", action="store_true")
     ap.add_argument("--preflight", action="store_true", help="check the browser stack and the sites the tasks need")
     ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("overrides", nargs="*", help="after --: the run's Hydra overrides; its env.web task set and "
+                    "settings replace --split/--ids/--answer-only/--timeout, and the trainer's start check runs")
     a = ap.parse_args(argv)
+    if a.overrides:
+        try:
+            env = run_env_config(a.overrides)
+            train, held = load_split(env)
+            startup_check(env, reset=False)  # the trainer's own check (stack, sites, judge), without the reset
+        except (RuntimeError, ValueError) as e:  # WebStackMissing and ConfigError are among them
+            print(json.dumps({"error": str(e)}))
+            return 1
+        print(json.dumps({"train": len(train), "heldout": len(held), "suite": env.web.suite}))
+        return 0
     tasks, counts = select(a.ids, a.split, a.answer_only)
     out = {"counts": counts}
     if a.preflight:
@@ -170,6 +247,8 @@ def main(argv=None) -> int:
         try:
             out["stack"] = check()
             out["sites"] = preflight({s for t in tasks for s in t["sites"]}, a.timeout)
+            if any(t["judged"] for t in tasks):
+                out["judge_models"] = judge_preflight(a.timeout)
         except RuntimeError as e:  # WebStackMissing is one
             print(json.dumps({**out, "error": str(e)}))
             return 1

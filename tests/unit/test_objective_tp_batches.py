@@ -1,0 +1,45 @@
+"""A TP peer follows exactly as many episode batches as its leader plays (webarena_lite plays
+env.web.max_browsers episodes at a time), in training steps and in held-out evaluation."""
+import types
+
+import pytest
+
+import esopt_mp.agent.objective as ob
+from esopt_mp.config import EnvConfig
+
+
+def _objective(cfg, leader, calls):
+    o = ob.AgentObjective.__new__(ob.AgentObjective)  # no engine, no browser: the batching is what is tested
+    o.cfg, o.run_seed, o.eval_round, o.traj_path, o.engine = cfg, 0, 0, None, None
+    o.eval_cfg = o.train_cfg = None
+    o.eval_tasks = [{"id": i} for i in range(5)]
+    o.train_tasks = [{"id": i} for i in range(7)]
+    comm = types.SimpleNamespace(all_reduce=lambda t, op, g: t)
+    o.dims = types.SimpleNamespace(is_tp_leader=leader, dp_rank=0, dp=1, comm=comm, rank=0 if leader else 1)
+    return o
+
+
+@pytest.mark.parametrize("max_browsers,repeats", [(1, 1), (2, 1), (2, 3), (4, 2), (16, 1)])
+def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, repeats):
+    calls = {"run": 0, "follow": 0, "episodes": 0}
+
+    def run(eng, envs, tasks, seeds, c, dims):
+        calls["run"] += 1
+        calls["episodes"] += len(tasks)
+        assert len(tasks) <= max_browsers
+        return [types.SimpleNamespace(ret=1.0, error=None, id="x") for _ in tasks]
+
+    monkeypatch.setattr(ob, "run_episodes", run)
+    monkeypatch.setattr(ob, "follow_episodes", lambda *a: calls.__setitem__("follow", calls["follow"] + 1))
+    monkeypatch.setattr(ob, "make", lambda *a, **k: types.SimpleNamespace(close=lambda: None))
+    cfg = EnvConfig(name="webarena_lite")
+    cfg.web.max_browsers, cfg.eval_repeats, cfg.episodes_per_step = max_browsers, repeats, 6
+    for leader in (True, False):
+        _objective(cfg, leader, calls)._held_out()
+    assert calls["episodes"] == 5 * repeats
+    assert calls["run"] == calls["follow"] == -(-5 * repeats // max_browsers)
+    calls.update(run=0, follow=0)
+    member = types.SimpleNamespace(step=0, index=0)
+    for leader in (True, False):
+        _objective(cfg, leader, calls).evaluate(None, member)
+    assert calls["run"] == calls["follow"] == -(-6 // max_browsers)

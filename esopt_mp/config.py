@@ -216,6 +216,9 @@ class EnvConfig:
         _check(self.max_episode_tokens >= 0, f"{key}.max_episode_tokens",
                f"must be >= 0 (0 = no budget), got {self.max_episode_tokens}")
         _check(self.episode_timeout_s > 0, f"{key}.episode_timeout_s", f"must be > 0, got {self.episode_timeout_s}")
+        _check(self.name != "webarena_lite" or self.episode_timeout_s >= self.web.episode_timeout_s,
+               f"{key}.episode_timeout_s", f"{self.episode_timeout_s} s (the loop's clock, generation included) is "
+               f"below env.web.episode_timeout_s={self.web.episode_timeout_s} s (the browser's): raise it")
         _check(self.eval_repeats == 1 or self.eval_temperature > 0, f"{key}.eval_repeats",
                f"{self.eval_repeats} samples per question with {key}.eval_temperature=0 are {self.eval_repeats} "
                f"identical greedy samples; set {key}.eval_temperature > 0 or {key}.eval_repeats=1")

@@ -12,6 +12,7 @@ def _objective(cfg, leader, calls):
     o = ob.AgentObjective.__new__(ob.AgentObjective)  # no engine, no browser: the batching is what is tested
     o.cfg, o.run_seed, o.eval_round, o.traj_path, o.engine = cfg, 0, 0, None, None
     o.eval_cfg = o.train_cfg = None
+    o.context, o.trajectories = None, []
     o.eval_tasks = [{"id": i} for i in range(5)]
     o.train_tasks = [{"id": i} for i in range(7)]
     comm = types.SimpleNamespace(all_reduce=lambda t, op, g: t)
@@ -23,7 +24,7 @@ def _objective(cfg, leader, calls):
 def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, repeats):
     calls = {"run": 0, "follow": 0, "episodes": 0}
 
-    def run(eng, envs, tasks, seeds, c, dims):
+    def run(eng, envs, tasks, seeds, c, dims, contexts=None):
         calls["run"] += 1
         calls["episodes"] += len(tasks)
         assert len(tasks) <= max_browsers

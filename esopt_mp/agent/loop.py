@@ -176,6 +176,19 @@ def inject_context(messages: list[dict], context: str) -> list[dict]:
     return [{"role": "system", "content": context}] + out
 
 
+def generate_text(engine: HFEngine, messages: list[dict], seed: int, sampling: SamplingParams, dims=None) -> str:
+    """One reply to ``messages`` on the TP leader (its peers join through :func:`follow_episodes`)."""
+    chan = TPChannel(dims)
+    conv = engine.new_conversation(0, seed)
+    chan.send(("new", [seed]))
+    ids = _encode(engine.tokenizer, opening_text(messages))
+    chan.send(("gen", [0], [ids], None))
+    gens = engine.generate([conv], [ids], sampling)
+    chan.verify(gens)
+    chan.send(("end",))
+    return gens[0].text
+
+
 def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]:
     """A TP peer's side of :func:`run_episodes`: join every generation until the leader ends."""
     chan = TPChannel(dims)

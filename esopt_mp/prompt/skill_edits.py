@@ -44,7 +44,8 @@ def _norm(line: str) -> str:
 
 
 def parse_skill(text: str) -> tuple[list[str], dict[str, list[str]]]:
-    """(preamble lines, {section title: body lines}) in document order; repeated titles are joined."""
+    """(preamble lines, {section title: body lines without blank lines around}) in document order; repeated
+    titles are joined."""
     pre: list[str] = []
     sections: dict[str, list[str]] = {}
     cur = None
@@ -56,6 +57,11 @@ def parse_skill(text: str) -> tuple[list[str], dict[str, list[str]]]:
             pre.append(line)
         else:
             sections[cur].append(line)
+    for body in sections.values():  # the blank lines around a body are layout, not content
+        while body and not body[-1].strip():
+            body.pop()
+        while body and not body[0].strip():
+            body.pop(0)
     return pre, sections
 
 
@@ -137,6 +143,7 @@ def merge(proposals: list[list[Edit]]) -> tuple[list[Edit], list[dict]]:
     - two different replaces of one (section, anchor): the lower batch's wins, the other is dropped;
     - a delete and a replace of one (section, anchor): the replace wins (it keeps the line's place), the delete
       is dropped; inserts anchored on a line another edit deletes are dropped (their place is gone).
+    The result lists the inserts before the replaces and deletes (each group in batch order).
     """
     kept: list[Edit] = []
     out: list[dict] = []
@@ -165,7 +172,8 @@ def merge(proposals: list[list[Edit]]) -> tuple[list[Edit], list[dict]]:
             out.append({**e.to_json(), "reason": f"conflict: its anchor is deleted by batch {owner.batch}"})
             continue
         final.append(e)
-    return final, out
+    # inserts first: an insert anchored on a line another batch replaces still finds its anchor
+    return [e for e in final if e.op == "insert"] + [e for e in final if e.op != "insert"], out
 
 
 def apply_edits(text: str, edits: list[Edit]) -> tuple[str, list[dict]]:

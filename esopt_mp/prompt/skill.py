@@ -19,7 +19,7 @@ import math
 import os
 from typing import Callable
 
-from esopt_mp.prompt.base import Trajectory
+from esopt_mp.prompt.base import Trajectory, context_hash
 from esopt_mp.prompt.skill_edits import apply_edits, merge, parse_edits, render_skill, parse_skill
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ class SkillSynthesis:
         log.info("step %d: skill %s (%d edits applied of %d proposed; held-out %s -> %s)", step, why,
                  self.last["applied"], self.last["proposed"], before, after)
         self._write({"step": step, "decision": why, **self.last, "malformed_lines": malformed,
-                     "left_out": left_out, "not_applied": failed, "edits": [e.to_json() for e in merged]})
+                     "left_out": left_out, "not_applied": failed, "edits": [e.to_json() for e in merged],
+                     "candidate": context_hash(candidate), "candidate_text": candidate})
         return candidate if keep else context
 
     def ledger_fields(self) -> dict:

@@ -177,7 +177,8 @@ def merge(proposals: list[list[Edit]]) -> tuple[list[Edit], list[dict]]:
 
 
 def apply_edits(text: str, edits: list[Edit]) -> tuple[str, list[dict]]:
-    """``text`` with ``edits`` applied in order, and the edits that did not apply (missing section or anchor)."""
+    """``text`` with ``edits`` applied in order, and the edits that did not apply (missing section or anchor, or a
+    text the section already holds)."""
     pre, sections = parse_skill(text)
     failed = []
     for e in edits:
@@ -190,6 +191,9 @@ def apply_edits(text: str, edits: list[Edit]) -> tuple[str, list[dict]]:
         at = next((i for i, ln in enumerate(body) if _norm(ln) == e.anchor), None) if e.anchor else None
         if e.anchor and at is None:
             failed.append({**e.to_json(), "reason": f"anchor not found in section {e.section!r}"})
+            continue
+        if e.op in ("insert", "replace") and any(_norm(ln) == _norm(e.text) for ln in body):
+            failed.append({**e.to_json(), "reason": f"its text is already a line of section {e.section!r}"})
             continue
         if e.op == "insert":
             if at is None:

@@ -106,7 +106,6 @@ def test_skill_and_weights_change_and_the_ledger_replays_both(tmp_path, env, mon
     assert {e["context"] for e in val if e["step"] == 0} == {led[0]["context"], logged[0]["candidate"]}
     assert all(e["context"] == led[e["step"]]["context"] for e in eps if e["kind"] == "train")
 
-    print(json.dumps([e["skill"] for e in led]))
     b = _trainer(_cfg(tmp_path / "b"))
     b.step(0)
     b.close()

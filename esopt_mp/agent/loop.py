@@ -176,17 +176,20 @@ def inject_context(messages: list[dict], context: str) -> list[dict]:
     return [{"role": "system", "content": context}] + out
 
 
-def generate_text(engine: HFEngine, messages: list[dict], seed: int, sampling: SamplingParams, dims=None) -> str:
-    """One reply to ``messages`` on the TP leader (its peers join through :func:`follow_episodes`)."""
+def generate_texts(engine: HFEngine, messages: list[list[dict]], seeds: list[int], sampling: SamplingParams,
+                   dims=None) -> list[str]:
+    """One reply to each conversation opening, generated as one batch on the TP leader (its peers join through
+    :func:`follow_episodes`); conversation i samples with ``seeds[i]``."""
     chan = TPChannel(dims)
-    conv = engine.new_conversation(0, seed)
-    chan.send(("new", [seed]))
-    ids = _encode(engine.tokenizer, opening_text(messages))
-    chan.send(("gen", [0], [ids], None))
-    gens = engine.generate([conv], [ids], sampling)
+    convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
+    chan.send(("new", list(seeds)))
+    ids = [_encode(engine.tokenizer, opening_text(m)) for m in messages]
+    live = list(range(len(convs)))
+    chan.send(("gen", live, ids, None))
+    gens = engine.generate(convs, ids, sampling)
     chan.verify(gens)
     chan.send(("end",))
-    return gens[0].text
+    return [g.text for g in gens]
 
 
 def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]:

@@ -14,10 +14,11 @@ import dataclasses
 import logging
 import math
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from esopt_mp.agent.loop import AgentConfig, follow_episodes, generate_text, run_episodes, write_trajectories
+from esopt_mp.agent.loop import AgentConfig, follow_episodes, generate_texts, run_episodes, write_trajectories
 from esopt_mp.data import resolve
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.envs import make
@@ -208,23 +209,23 @@ class AgentObjective:
                                        temperature=cfg.temperature, stop=())
         dims = self.dims
 
-        def proposer(prompt: str, step: int, batch: int) -> str:
-            seed = stream_seed(self.run_seed, "skill", step, batch)
-            text = None
+        def ask(prompts: list[str], step: int, batches: list[int]) -> list[str]:
+            """Batch b's proposal for its prompt, all at once: one generation batch, or concurrent requests."""
+            seeds = [stream_seed(self.run_seed, "skill", step, b) for b in batches]
+            texts = None
             if endpoint is not None and dims.rank == 0:
-                try:
-                    text = endpoint(prompt, seed)
-                except Exception as e:  # the proposal is dropped (no edits block), the run goes on
-                    log.warning("prompt.skill.url: proposal of step %d batch %d failed: %s", step, batch, e)
-                    text = f"(endpoint error: {type(e).__name__}: {e})"
+                with ThreadPoolExecutor(max_workers=min(8, len(prompts))) as pool:
+                    texts = list(pool.map(lambda a: _ask(endpoint, *a, step), zip(prompts, seeds, batches)))
             elif endpoint is None and dims.dp_rank == 0:
                 if dims.is_tp_leader:
-                    text = generate_text(self.engine, [{"role": "user", "content": prompt}], seed, sampling, dims)
+                    texts = generate_texts(self.engine, [[{"role": "user", "content": p}] for p in prompts], seeds,
+                                           sampling, dims)
                 else:
                     follow_episodes(self.engine, AgentConfig(sampling=sampling), dims)
-            return dims.comm.broadcast_object(text, src=0, dim="world")
+            return dims.comm.broadcast_object(texts, src=0, dim="world")
 
-        return {"proposer": proposer, "validate": lambda text, step: self.validate_context(text, step, cfg.val_tasks)}
+        return {"proposer": Proposer(ask),
+                "validate": lambda text, step: self.validate_context(text, step, cfg.val_tasks)}
 
     def validate_context(self, text: str, step: int, n: int) -> float:
         """Mean return of ``n`` training tasks the step did not play (fewer left: any), played with ``text`` as
@@ -245,3 +246,26 @@ class AgentObjective:
                                       render=lambda s: text, kind="skill_val", step=step, context=context_hash(text))
         stats = self.dims.comm.all_reduce(torch.tensor([total, count], dtype=torch.float64), "sum", "world")
         return stats[0].item() / stats[1].item() if stats[1].item() else math.nan
+
+
+class Proposer:
+    """``proposer(prompt, step, batch)`` for one batch, ``proposer.many(prompts, step)`` for all of a step's
+    batches in one go (skill synthesis prefers it: one generation batch instead of one per batch)."""
+
+    def __init__(self, ask):
+        self.ask = ask
+
+    def __call__(self, prompt: str, step: int, batch: int) -> str:
+        return self.ask([prompt], step, [batch])[0]
+
+    def many(self, prompts: list[str], step: int) -> list[str]:
+        return self.ask(prompts, step, list(range(len(prompts))))
+
+
+def _ask(endpoint, prompt: str, seed: int, batch: int, step: int) -> str:
+    """An endpoint's proposal; a failed request becomes a proposal without edits (dropped with its reason)."""
+    try:
+        return endpoint(prompt, seed)
+    except Exception as e:
+        log.warning("prompt.skill.url: proposal of step %d batch %d failed: %s", step, batch, e)
+        return f"(endpoint error: {type(e).__name__}: {e})"

@@ -7,8 +7,8 @@ by the unperturbed model, is not lower than the current skill's on the same task
 (malformed lines, conflicts, missing anchors, a rejected candidate) is recorded with its reason in
 ``run.dir/skill.jsonl`` and counted in the ledger's ``skill`` field.
 
-The proposer and the validation are injected callables ``proposer(prompt, step, batch) -> str`` and
-``validate(skill_text, step) -> float``: the trainer wires them through the agent objective (the policy itself or an
+The proposer and the validation are injected callables ``proposer(prompt, step, batch) -> str`` (with an optional
+``proposer.many(prompts, step)`` answering all batches at once) and ``validate(skill_text, step) -> float``: the trainer wires them through the agent objective (the policy itself or an
 OpenAI-compatible endpoint, :mod:`.proposers`); tests pass scripted ones.
 """
 from __future__ import annotations
@@ -96,9 +96,16 @@ class SkillSynthesis:
 
     def update(self, trajectories: list[Trajectory], context: str, step: int) -> str:
         batches = [trajectories[i:i + self.batch] for i in range(0, len(trajectories), self.batch)]
+        prompts = [self.prompt(context, part) for part in batches]
+        if not prompts:  # no trajectories this step (e.g. every episode on a TP peer's side was lost)
+            answers = []
+        elif hasattr(self.proposer, "many"):  # all batches at once (one generation batch, concurrent requests)
+            answers = self.proposer.many(prompts, step)
+        else:
+            answers = [self.proposer(p, step, b) for b, p in enumerate(prompts)]
         proposals, malformed = [], []
-        for b, part in enumerate(batches):
-            edits, bad = parse_edits(self.proposer(self.prompt(context, part), step, b), b)
+        for b, answer in enumerate(answers):
+            edits, bad = parse_edits(answer, b)
             proposals.append(edits)
             malformed += bad
         merged, left_out = merge(proposals)

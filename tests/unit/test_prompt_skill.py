@@ -222,3 +222,23 @@ def test_webarena_skill_profile_composes():
         cfg = build_config(OmegaConf.to_container(compose("config", overrides=["+experiment=webarena_skill"]),
                                                   resolve=True))
     assert (cfg.prompt.optimiser, cfg.env.name, cfg.prompt.skill.batch) == ("skill", "webarena_lite", 4)
+
+
+def test_a_proposer_answering_all_batches_at_once_is_asked_once_and_no_trajectories_ask_nothing():
+    class Many:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, prompt, step, batch):
+            raise AssertionError("many() answers every batch")
+
+        def many(self, prompts, step):
+            self.calls.append((len(prompts), step))
+            return [block({"op": "insert", "section": "Pitfalls", "text": f"- from batch {b}"}) for b in
+                    range(len(prompts))]
+
+    p = Many()
+    opt = SkillSynthesis(p, lambda text, step: 1.0, batch=3, initial=SKILL)
+    new = opt.update(TRAJ, opt.initial(), 2)
+    assert p.calls == [(2, 2)] and parse_skill(new)[1]["Pitfalls"][-2:] == ["- from batch 0", "- from batch 1"]
+    assert opt.update([], new, 3) == new and p.calls == [(2, 2)] and opt.last["batches"] == 0

@@ -58,11 +58,11 @@ class SkillSynthesis:
 
     def __init__(self, proposer: Callable[[str, int, int], str], validate: Callable[[str, int], float],
                  batch: int = 4, success: float = 0.5, initial: str = "", log_path: str | None = None,
-                 episode_chars: int = 600):
+                 episode_chars: int = 600, turns: int = 4):
         if batch < 1:
             raise ValueError(f"prompt.skill.batch must be >= 1, got {batch}")
         self.proposer, self.validate = proposer, validate
-        self.batch, self.success, self.episode_chars = batch, success, episode_chars
+        self.batch, self.success, self.episode_chars, self.turns = batch, success, episode_chars, turns
         pre, sections = parse_skill(initial or DEFAULT_SKILL)
         self.start = render_skill(pre, sections)  # canonical form: applying no edit leaves the text unchanged
         self.log_path = log_path
@@ -87,7 +87,10 @@ class SkillSynthesis:
             for i, t in enumerate(group, 1):
                 ret = "failed (no return)" if math.isnan(t.ret) else format(t.ret, ".4g")
                 lines = [f"### Episode {i} (member {t.member}, return {ret})"]
-                for k, r in enumerate(t.responses):
+                first = max(0, len(t.responses) - self.turns)  # the last turns: where an episode ends or fails
+                if first:
+                    lines.append(f"({first} earlier turns omitted)")
+                for k, r in list(enumerate(t.responses))[first:]:
                     lines.append(f"Reply {k + 1}: {_clip(r, self.episode_chars)}")
                     if k < len(t.feedback) and t.feedback[k]:
                         lines.append(f"Feedback {k + 1}: {_clip(t.feedback[k], self.episode_chars)}")

@@ -126,6 +126,9 @@ def test_the_proposer_reads_failed_and_successful_episodes_in_batches():
     assert "## Failed episodes" in first and "## Successful episodes" in first and "wrong: expected 13" in first
     assert "member 2, return failed (no return)" in second and "member 3, return 0.9" in second
     assert "## Strategy" in first and "```edits" in first
+    long = [Trajectory(0.0, [f"reply {k}" for k in range(10)], feedback=[f"fb {k}" for k in range(10)])]
+    shown = opt.prompt(opt.initial(), long)  # a long episode shows its last turns only
+    assert "(6 earlier turns omitted)" in shown and "Reply 7: reply 6" in shown and "reply 5" not in shown
 
 
 def test_same_inputs_give_the_same_skill():

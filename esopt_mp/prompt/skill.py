@@ -8,8 +8,9 @@ by the unperturbed model, is not lower than the current skill's on the same task
 ``run.dir/skill.jsonl`` and counted in the ledger's ``skill`` field.
 
 The proposer and the validation are injected callables ``proposer(prompt, step, batch) -> str`` (with an optional
-``proposer.many(prompts, step)`` answering all batches at once) and ``validate(skill_text, step) -> float``: the trainer wires them through the agent objective (the policy itself or an
-OpenAI-compatible endpoint, :mod:`.proposers`); tests pass scripted ones.
+``proposer.many(prompts, step)`` answering all batches at once) and ``validate(skill_text, step) -> float``: the
+trainer wires them through the agent objective (the policy itself or an OpenAI-compatible endpoint,
+:mod:`.proposers`); tests pass scripted ones.
 """
 from __future__ import annotations
 

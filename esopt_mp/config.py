@@ -273,7 +273,39 @@ class RunConfig:
         _check(self.keep_checkpoints >= 0, f"{key}.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
 
 
-PROMPT_OPTIMISERS = ("none", "sample", "eoh")
+PROMPT_OPTIMISERS = ("none", "sample", "eoh", "skill")
+SKILL_PROPOSERS = ("policy", "endpoint")
+
+
+@dataclasses.dataclass
+class SkillConfig:
+    """``prompt.optimiser=skill``: who proposes SKILL.md edits, from how many episodes, validated on how many tasks."""
+    proposer: str = "policy"  # policy (the run's own model, unperturbed) | endpoint (OpenAI-compatible, at url)
+    url: str = ""  # endpoint: base URL, e.g. http://host:8000 (POST /v1/chat/completions)
+    model: str = ""  # endpoint: the served model's name
+    key_env: str = "OPENAI_API_KEY"  # endpoint: environment variable holding the API key (read at call time)
+    batch: int = 4  # trajectories per proposer call (the step's trajectories split into parallel batches)
+    success: float = 0.5  # an episode returning at least this counts as successful
+    val_tasks: int = 2  # held-out mini-batch: training tasks the step did not play, per validation
+    max_new_tokens: int = 256  # policy: tokens of one proposal
+    temperature: float = 0.7  # proposal sampling temperature
+    initial: str = ""  # path of the starting SKILL.md ('': a template with ## Strategy and ## Pitfalls)
+
+    def validate(self, key: str = "prompt.skill") -> None:
+        _check(self.proposer in SKILL_PROPOSERS, f"{key}.proposer",
+               f"must be one of {SKILL_PROPOSERS}, got {self.proposer!r}")
+        if self.proposer == "endpoint":
+            _check(self.url.startswith(("http://", "https://")), f"{key}.url",
+                   f"proposer=endpoint needs an http(s) URL, got {self.url!r}")
+            _check(bool(self.model), f"{key}.model", "proposer=endpoint needs the served model's name")
+        _check(self.batch >= 1, f"{key}.batch", f"must be >= 1, got {self.batch}")
+        _check(math.isfinite(self.success), f"{key}.success", f"must be finite, got {self.success}")
+        _check(self.val_tasks >= 1, f"{key}.val_tasks", f"must be >= 1, got {self.val_tasks}")
+        _check(self.max_new_tokens >= 1, f"{key}.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        _check(math.isfinite(self.temperature) and self.temperature >= 0, f"{key}.temperature",
+               f"must be finite and >= 0, got {self.temperature}")
+        _check(not self.initial or os.path.isfile(self.initial), f"{key}.initial",
+               f"no such file: {self.initial!r}")
 PROMPT_MODES = ("joint", "alternate", "prompt_only")
 
 
@@ -285,6 +317,7 @@ class PromptConfig:
     every: int = 1  # joint / prompt_only: update the context after every k-th step
     population: int = 4  # eoh: survivors kept
     parents: int = 2  # eoh: parents of a crossover prompt
+    skill: SkillConfig = dataclasses.field(default_factory=SkillConfig)
 
     def validate(self, key: str = "prompt") -> None:
         _check(self.optimiser in PROMPT_OPTIMISERS, f"{key}.optimiser",
@@ -293,6 +326,8 @@ class PromptConfig:
         _check(self.every >= 1, f"{key}.every", f"must be >= 1, got {self.every}")
         _check(self.population >= 1, f"{key}.population", f"must be >= 1, got {self.population}")
         _check(self.parents >= 2, f"{key}.parents", f"must be >= 2, got {self.parents}")
+        if self.optimiser == "skill":
+            self.skill.validate(f"{key}.skill")
 
 
 ALGOS = ("es", "grpo", "ppo")
@@ -379,10 +414,14 @@ class TrainConfig:
                    f"engine=vllm serves ES rollouts; algo={self.algo.name} trains through the hf engine")
             _check(self.objective.name == "agent", "engine.name",
                    f"engine=vllm plays agent episodes: needs objective=agent, got {self.objective.name!r}")
-        if self.prompt.optimiser != "none":
+        if self.prompt.optimiser == "skill":
+            _check(self.objective.name == "agent", "prompt.optimiser",
+                   f"skill edits the system prompt of agent episodes: needs objective=agent, got {self.objective.name!r}")
+        elif self.prompt.optimiser != "none":
             _check(self.objective.name == "agent" and self.env.name == "heuristic", "prompt.optimiser",
                    f"{self.prompt.optimiser} searches heuristics: needs objective=agent and env.name=heuristic, got "
                    f"{self.objective.name!r} / {self.env.name!r}")
+        if self.prompt.optimiser != "none":
             _check(self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
                    "context optimisers run beside ES (algo=es) with engine=hf for now")
         if self.algo.name != "es":
@@ -463,6 +502,10 @@ class TrainConfig:
             d["env"].pop(k)  # held-out evaluation; how long / how many threads episodes may take
         if d["prompt"]["optimiser"] == "none":  # the default: runs started before prompt.* keep their hash
             d.pop("prompt")
+        elif d["prompt"]["optimiser"] != "skill":  # sample / eoh runs keep the hash they had before prompt.skill
+            d["prompt"].pop("skill")
+        else:  # which variable holds the key, not what the endpoint answers
+            d["prompt"]["skill"].pop("key_env")
         if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash
             d["env"].pop("problem")
         if not self.env.max_episode_tokens:  # no budget: runs from before the field keep their hash

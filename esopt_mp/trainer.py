@@ -93,10 +93,16 @@ class ESTrainer:
             self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
         self.context = None  # the context optimiser's side of the run (prompt.*), when one is configured
         if cfg.prompt.optimiser != "none":
-            from esopt_mp.envs import ahd
             from esopt_mp.prompt.run import ContextRun
 
-            self.context = ContextRun(cfg.prompt, ahd.get(cfg.env.problem).reference(), cfg.run.dir, dims.rank)
+            ref, hooks = "", None
+            if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
+                hooks = self.objective.skill_hooks(cfg.prompt.skill)
+            else:
+                from esopt_mp.envs import ahd
+
+                ref = ahd.get(cfg.env.problem).reference()
+            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks)
             self.objective.context = self.context
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)

@@ -181,6 +181,22 @@ def inject_context(messages: list[dict], context: str) -> list[dict]:
     return [{"role": "system", "content": context}] + out
 
 
+def generate_texts(engine: HFEngine, messages: list[list[dict]], seeds: list[int], sampling: SamplingParams,
+                   dims=None) -> list[str]:
+    """One reply to each conversation opening, generated as one batch on the TP leader (its peers join through
+    :func:`follow_episodes`); conversation i samples with ``seeds[i]``."""
+    chan = TPChannel(dims)
+    convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
+    chan.send(("new", list(seeds)))
+    ids = [_encode(engine.tokenizer, opening_text(m)) for m in messages]
+    live = list(range(len(convs)))
+    chan.send(("gen", live, ids, None))
+    gens = engine.generate(convs, ids, sampling)
+    chan.verify(gens)
+    chan.send(("end",))
+    return [g.text for g in gens]
+
+
 def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]:
     """A TP peer's side of :func:`run_episodes`: join every generation until the leader ends."""
     chan = TPChannel(dims)

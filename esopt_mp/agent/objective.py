@@ -13,12 +13,15 @@ over the finite ones).
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes, write_trajectories
+from esopt_mp.agent.loop import AgentConfig, follow_episodes, generate_texts, run_episodes, write_trajectories
 from esopt_mp.data import resolve
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.envs import make
@@ -26,6 +29,7 @@ from esopt_mp.envs.sandbox import Sandbox
 from esopt_mp.es.seeds import stream_seed
 
 CODE_ENVS = ("math_react", "heuristic", "docvqa")  # environments that run model-written code
+log = logging.getLogger(__name__)
 
 
 def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
@@ -94,17 +98,23 @@ class AgentObjective:
         self.context = None  # a context run (esopt_mp/prompt/run.py): its render(seed) joins each system prompt
         self.trajectories: list = []  # the training episodes of the current step, for the context optimiser
 
-    def _play(self, tasks, seeds, cfg, **tags) -> tuple[float, int]:
+    def _play(self, tasks, seeds, cfg, render=None, **tags) -> tuple[float, int]:
         """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
         if not self.dims.is_tp_leader:
             self._follow(len(tasks), cfg)
             return 0.0, 0
-        eps = self.play(tasks, seeds, cfg, **tags)
+        eps = self.play(tasks, seeds, cfg, render=render, **tags)
         finite = [e.ret for e in eps if not math.isnan(e.ret)]
         return sum(finite), len(finite)
 
-    def play(self, tasks, seeds, cfg, **tags) -> list:
-        """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file."""
+    def play(self, tasks, seeds, cfg, render=None, **tags) -> list:
+        """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file.
+
+        ``render``: seed -> the context text of that episode, instead of the context run's current one (a
+        candidate skill under validation); ``tags["context"]`` then names it in the trajectories file.
+        """
+        if render is None and self.context is not None:
+            render = self.context.render
         extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
         if self.cfg.name == "webarena_lite":
             extra = {"web": self.cfg.web}
@@ -119,13 +129,13 @@ class AgentObjective:
         try:
             for a in range(0, len(tasks), group):
                 b = a + group
-                ctx = [self.context.render(s) for s in seeds[a:b]] if self.context is not None else None
+                ctx = [render(s) for s in seeds[a:b]] if render is not None else None
                 eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, self.dims, ctx)
         finally:
             for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
                 getattr(env, "close", lambda: None)()
         if self.traj_path:
-            extra = {"context": self.context.hash} if self.context is not None else {}
+            extra = {"context": self.context.hash} if self.context is not None and "context" not in tags else {}
             write_trajectories(self.traj_path, eps, **tags, **extra)
         if self.context is not None and tags.get("kind") == "train":
             from esopt_mp.prompt import Trajectory
@@ -196,3 +206,81 @@ class AgentObjective:
                           "above_half": above / count if count else math.nan,  # thresholded accuracy (ANLS > 0.5)
                           "failed": int(failed)}  # episodes that scored 0 because they failed
         return mean
+
+    def skill_hooks(self, cfg) -> dict:
+        """``proposer(prompt, step, batch)`` and ``validate(text, step)`` for prompt.optimiser=skill (``cfg``: the
+        prompt.skill section), both on the run's unperturbed model: the trainer updates the context after every
+        member restored its weights.
+
+        The proposal is made once, by dp group 0 (policy: its TP leader with its peers following) or rank 0
+        (endpoint), sampled with the seed (run seed, step, batch), and broadcast: every rank merges the same edits.
+        """
+        endpoint = None
+        if cfg.proposer == "endpoint":
+            from esopt_mp.prompt.proposers import EndpointProposer
+
+            endpoint = EndpointProposer(cfg.url, cfg.model, cfg.key_env, cfg.max_new_tokens, cfg.temperature)
+        sampling = dataclasses.replace(self.train_cfg.sampling, max_new_tokens=cfg.max_new_tokens,
+                                       temperature=cfg.temperature, stop=())
+        dims = self.dims
+
+        def ask(prompts: list[str], step: int, batches: list[int]) -> list[str]:
+            """Batch b's proposal for its prompt, all at once: one generation batch, or concurrent requests."""
+            seeds = [stream_seed(self.run_seed, "skill", step, b) for b in batches]
+            texts = None
+            if endpoint is not None and dims.rank == 0:
+                with ThreadPoolExecutor(max_workers=min(8, len(prompts))) as pool:
+                    texts = list(pool.map(lambda a: _ask(endpoint, *a, step), zip(prompts, seeds, batches)))
+            elif endpoint is None and dims.dp_rank == 0:
+                if dims.is_tp_leader:
+                    texts = generate_texts(self.engine, [[{"role": "user", "content": p}] for p in prompts], seeds,
+                                           sampling, dims)
+                else:
+                    follow_episodes(self.engine, AgentConfig(sampling=sampling), dims)
+            return dims.comm.broadcast_object(texts, src=0, dim="world")
+
+        return {"proposer": Proposer(ask),
+                "validate": lambda text, step: self.validate_context(text, step, cfg.val_tasks)}
+
+    def validate_context(self, text: str, step: int, n: int) -> float:
+        """Mean return of ``n`` training tasks the step did not play (fewer left: any), played with ``text`` as
+        the context; seeds from (run seed, step), so two contexts validated at one step meet the same episodes.
+        The episodes are spread over the dp groups and summed (one all-reduce), like held-out evaluation."""
+        from esopt_mp.prompt import context_hash
+
+        played = {id(t) for t in self.step_tasks(step)}
+        rest = [t for t in self.train_tasks if id(t) not in played]
+        pool = rest if len(rest) >= n else self.train_tasks
+        rng = random.Random(stream_seed(self.run_seed, "skill_val", step))
+        tasks = [pool[i] for i in rng.sample(range(len(pool)), min(n, len(pool)))]
+        seeds = [stream_seed(self.run_seed, "skill_val", step, i + 1) for i in range(len(tasks))]
+        mine = list(range(self.dims.dp_rank, len(tasks), self.dims.dp))
+        total, count = 0.0, 0
+        if mine:
+            total, count = self._play([tasks[i] for i in mine], [seeds[i] for i in mine], self.eval_cfg,
+                                      render=lambda s: text, kind="skill_val", step=step, context=context_hash(text))
+        stats = self.dims.comm.all_reduce(torch.tensor([total, count], dtype=torch.float64), "sum", "world")
+        return stats[0].item() / stats[1].item() if stats[1].item() else math.nan
+
+
+class Proposer:
+    """``proposer(prompt, step, batch)`` for one batch, ``proposer.many(prompts, step)`` for all of a step's
+    batches in one go (skill synthesis prefers it: one generation batch instead of one per batch)."""
+
+    def __init__(self, ask):
+        self.ask = ask
+
+    def __call__(self, prompt: str, step: int, batch: int) -> str:
+        return self.ask([prompt], step, [batch])[0]
+
+    def many(self, prompts: list[str], step: int) -> list[str]:
+        return self.ask(prompts, step, list(range(len(prompts))))
+
+
+def _ask(endpoint, prompt: str, seed: int, batch: int, step: int) -> str:
+    """An endpoint's proposal; a failed request becomes a proposal without edits (dropped with its reason)."""
+    try:
+        return endpoint(prompt, seed)
+    except Exception as e:
+        log.warning("prompt.skill.url: proposal of step %d batch %d failed: %s", step, batch, e)
+        return f"(endpoint error: {type(e).__name__}: {e})"

@@ -51,8 +51,11 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
       and episodes, independent of batch composition.
     - ``eval`` (question, sample): sampling seeds of held-out evaluation (Mean@k / Pass@k); the same at
       every evaluation of a run and across a resume (common random numbers: before/after comparable).
+    - ``skill`` (step, batch): the sampling seed of a skill proposal (prompt.optimiser=skill).
+    - ``skill_val`` (step,) which tasks validate a candidate skill; (step, i + 1) episode i's sampling seed: the
+      current and the candidate skill meet the same tasks and seeds.
     """
-    tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3}
+    tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3, "skill": 4, "skill_val": 5}
     if stream not in tags:
         raise ValueError(f"unknown random stream {stream!r}; known: {sorted(tags)}")
     if stream == "member":

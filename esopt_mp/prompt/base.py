@@ -36,6 +36,7 @@ class Trajectory:
     responses: list[str] = dataclasses.field(default_factory=list)
     programs: list[Program] = dataclasses.field(default_factory=list)
     member: int = -1
+    feedback: list[str] = dataclasses.field(default_factory=list)  # per turn: the environment's reply messages
 
     @classmethod
     def from_turns(cls, ret: float, turns: list[dict], member: int = -1, extract=None) -> "Trajectory":
@@ -51,7 +52,9 @@ class Trajectory:
                 s = info["score"]
                 code = info.get("code") or (extract(t.get("response", "")) if extract else None) or ""
                 progs.append(Program(code, float(s) if s is not None else math.nan, info.get("error")))
-        return cls(ret, [t.get("response", "") for t in turns], progs, member)
+        feedback = ["\n".join(str(m.get("content") or "") for m in (t.get("messages") or []) if isinstance(m, dict))
+                    for t in turns]
+        return cls(ret, [t.get("response", "") for t in turns], progs, member, feedback)
 
 
 class ContextOptimiser(Protocol):

@@ -20,10 +20,11 @@ MODES = ("joint", "alternate", "prompt_only")
 
 
 class ContextRun:
-    def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0):
-        """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem."""
+    def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0, hooks: dict | None = None):
+        """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem ('' for
+        optimisers that need none); ``hooks``: the run's proposer / validation callables (skill synthesis)."""
         self.cfg = cfg
-        self.optimiser = build_optimiser(cfg, reference)
+        self.optimiser = build_optimiser(cfg, reference, hooks, run_dir, rank)
         self.store = ContextStore(run_dir, write=rank == 0)
         self.text = self.optimiser.initial()
         self.hash = self.store.put(self.text)
@@ -54,6 +55,8 @@ class ContextRun:
         self.text = self.store.get(self.hash)
         self.programs = sum(int(e.get("programs", 0)) for e in entries)
         self.valid = sum(int(e.get("valid_programs", 0)) for e in entries)
+        if hasattr(self.optimiser, "restore"):  # e.g. skill synthesis: its validation evaluations so far
+            self.optimiser.restore(entries)
         log.info("context %s restored after step %d (%d programs evaluated so far)", self.hash,
                  entries[-1]["step"], self.programs)
 
@@ -69,4 +72,5 @@ class ContextRun:
             self.hash = self.store.put(self.text)
             if self.hash != played:
                 log.info("step %d: context %s -> %s", t, played, self.hash)
-        return {"context": played, "context_next": self.hash, "programs": n, "valid_programs": ok}
+        extra = self.optimiser.ledger_fields() if self.ctx_on(t) and hasattr(self.optimiser, "ledger_fields") else {}
+        return {"context": played, "context_next": self.hash, "programs": n, "valid_programs": ok, **extra}

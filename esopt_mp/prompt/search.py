@@ -126,8 +126,15 @@ class EoHSearch:
         return loads(context, "eoh")["population"][0]
 
 
-def build_optimiser(cfg, reference: str):
-    """The ``prompt.optimiser`` of a validated :class:`esopt_mp.config.PromptConfig` over a seed program."""
+def build_optimiser(cfg, reference: str, hooks: dict | None = None, run_dir: str | None = None, rank: int = 0):
+    """The ``prompt.optimiser`` of a validated :class:`esopt_mp.config.PromptConfig` over a seed program.
+
+    ``hooks``: what the run lends an optimiser that needs the model (skill: ``proposer`` and ``validate``).
+    """
+    if cfg.optimiser == "skill":
+        from esopt_mp.prompt.skill import build_skill
+
+        return build_skill(cfg, hooks, run_dir, rank)
     if cfg.optimiser == "sample":
         return SampleSearch(reference)
     if cfg.optimiser == "eoh":

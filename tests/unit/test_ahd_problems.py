@@ -43,10 +43,21 @@ def test_registry_and_splits():
     assert [t["indices"][0] for t in tasks] == [0, 8, 16] and len({t["seed"] for t in tasks}) == 3
 
 
-def test_tsp_constructive_seed_function_is_nearest_neighbour(sb):
-    # reference: the settings' seed_func (all scores equal, the first offered node wins; nodes are offered
-    # nearest-first as in the paper's evaluator), i.e. nearest neighbour from node 0, recomputed here
+NN_CODE = ("def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+           "    rest = unvisited_nodes - {current_node}\n"  # set operations: the signature says `set`
+           "    return min(rest, key=lambda n: distance_matrix[current_node][n])\n")
+
+
+def test_tsp_constructive_seed_function_and_nearest_neighbour(sb):
+    # the evaluator passes exactly the signature's types (ReEvo / MCTS-AHD eval.py): unvisited_nodes is a set of
+    # ints. reference 1: the settings' seed_func (equal scores, min takes the set's first = smallest index) visits
+    # the nodes in index order; reference 2: nearest neighbour written to the signature, recomputed here
     p, inst, r = evaluate(sb, "tsp_constructive", 3)
+    assert r.details["tours"] == [list(range(len(pts))) for pts in inst]
+    ident = np.mean([tour_len(pts, list(range(len(pts)))) for pts in inst])
+    assert r.objective == pytest.approx(ident, rel=1e-12) and r.score == -r.objective
+    assert r.objective == pytest.approx(26.6465, abs=1e-4)  # measured: index order on train50[0:3]
+    _, _, r = evaluate(sb, "tsp_constructive", 3, code=NN_CODE)
     for pts, tour in zip(inst, r.details["tours"]):
         nn, left = [0], set(range(1, len(pts)))
         while left:
@@ -55,8 +66,10 @@ def test_tsp_constructive_seed_function_is_nearest_neighbour(sb):
             left.remove(nxt)
         assert tour == nn
     ref = np.mean([tour_len(pts, t) for pts, t in zip(inst, r.details["tours"])])
-    assert r.objective == pytest.approx(ref, rel=1e-12) and r.score == -r.objective
+    assert r.objective == pytest.approx(ref, rel=1e-12)
     assert r.objective == pytest.approx(7.1156, abs=1e-4)  # measured: NN on train50[0:3]
+    bad = NN_CODE.replace("unvisited_nodes - {current_node}", "set(range(len(distance_matrix)))")
+    assert "visited or not a node" in p.evaluate(bad, inst, sb).error
 
 
 def test_kp_greedy_ratio(sb):

@@ -173,3 +173,39 @@ def test_the_problems_own_limits_carry_a_full_answer(problem):
     _, ret, _, _, info = env.step(f"```python\n{ahd.get(problem).reference()}```")
     prob = ahd.get(problem)
     assert info["error"] is None and ret == info["score"] > prob.to_score(prob.fail_objective(env.instances))
+
+
+@pytest.mark.parametrize("problem,sig", [("tsp_aco", "distance_matrix"),
+                                         ("cvrp_aco", "distance_matrix, coordinates, demands, capacity")])
+def test_aco_huge_heuristic_still_builds_valid_solutions(sb, problem, sig):
+    # an all-1e308 matrix overflowed pheromone x heuristic to inf -> NaN and the sampler revisited nodes (a
+    # 12-node "tour" of 20 scored 9.25); bounded now, every solution is a tour / a feasible route
+    p = ahd.get(problem)
+    inst = p.instances("val", 20)[:1]
+    code = f"import numpy as np\ndef heuristics({sig}):\n    return np.full(distance_matrix.shape, 1e308)\n"
+    r = p.evaluate(code, inst, sb, seed=0)
+    assert r.error is None and np.isfinite(r.objective)
+    if problem == "tsp_aco":
+        tour = r.details["tours"][0]
+        assert sorted(tour) == list(range(20)) and tour_len(inst[0], tour) == pytest.approx(r.objective, rel=1e-9)
+    else:
+        route, dem = r.details["routes"][0], inst[0][:, 0]
+        assert sorted(v for v in route if v) == list(range(1, 21))
+        load = 0.0
+        for v in route:
+            load = 0.0 if v == 0 else load + dem[v]
+            assert load <= 50
+
+
+def test_aco_solution_checks_reject_non_solutions():
+    from esopt_mp.envs.ahd import aco
+    from esopt_mp.envs.ahd.common import Failure
+    aco.check_tours(np.array([[2, 0, 1], [0, 1, 2]]))
+    with pytest.raises(Failure, match="not a permutation"):
+        aco.check_tours(np.array([[0, 1, 1]]))
+    dem = np.array([0.0, 30.0, 30.0])
+    aco.check_routes(np.array([[0, 1, 0, 2, 0]]), dem, 50)
+    with pytest.raises(Failure, match="over capacity"):
+        aco.check_routes(np.array([[0, 1, 2, 0, 0]]), dem, 50)
+    with pytest.raises(Failure, match="exactly once"):
+        aco.check_routes(np.array([[0, 1, 0, 1, 0]]), dem, 50)

@@ -74,17 +74,17 @@ def test_tsp_constructive_seed_function_and_nearest_neighbour(sb):
 
 def test_kp_greedy_ratio(sb):
     # reference: greedy value/weight (the settings' seed function always answers 0: by its own comment useless),
-    # recomputed here item by item; capacity 25 for 100 items (the paper's evaluator)
-    p, inst, r = evaluate(sb, "kp_constructive", 3)
+    # recomputed here item by item; capacity 25 for 100 items and capacity tolerance 1e-3 (the paper's evaluator)
+    p, inst, r = evaluate(sb, "kp_constructive", 64)
     for x, got in zip(inst, r.details["values"]):
         cap, left, total = 25.0, list(range(len(x))), 0.0
-        while any(x[i][0] <= cap for i in left):
-            best = max((i for i in left if x[i][0] <= cap), key=lambda i: x[i][1] / x[i][0])
+        while any(x[i][0] < cap + 1e-3 for i in left):
+            best = max((i for i in left if x[i][0] <= cap + 1e-3), key=lambda i: x[i][1] / x[i][0])
             cap, total = cap - x[best][0], total + x[best][1]
             left.remove(best)
         assert got == pytest.approx(total, rel=1e-12)
     assert r.score == r.objective == pytest.approx(np.mean(r.details["values"]))
-    assert r.objective == pytest.approx(37.9140, abs=1e-4)  # measured: greedy ratio on train100[0:3]
+    assert r.objective == pytest.approx(40.1484, abs=1e-4)  # measured: greedy ratio on all 64 of train100
 
 
 def admissible(vectors, n, w, triples):

@@ -6,13 +6,18 @@ steps from the same trajectories; ``alternate`` updates the weights on even step
 model with their own sampling seeds, so the number of programs evaluated stays that of an ES step).
 Each ledger record carries ``context`` (the hash the step played), ``context_next`` (after the step),
 ``programs`` (programs evaluated) and ``valid_programs`` (of them, without error); the texts live in
-``run.dir/contexts``.
+``run.dir/contexts``. A context update reads every trajectory since the previous update (with ``every`` > 1 or
+on ``alternate``'s ES-only steps all of them count toward the budget, so all are searched); a step that does
+not update records ``pending``, the hash of its trajectories stored as JSON beside the contexts, so a resume
+rebuilds the pending set exactly.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 
-from esopt_mp.prompt.base import ContextStore, Trajectory
+from esopt_mp.prompt.base import ContextStore, Program, Trajectory
 from esopt_mp.prompt.search import build_optimiser
 
 log = logging.getLogger(__name__)
@@ -30,6 +35,7 @@ class ContextRun:
         self.initial_hash = self.hash
         self.programs = 0  # evaluated over the whole run (restored from the ledger on resume)
         self.valid = 0  # of which ran without error (the ones a search may keep)
+        self.pending: list[Trajectory] = []  # trajectories since the last context update
 
     def es_on(self, t: int) -> bool:
         return self.cfg.mode == "joint" or (self.cfg.mode == "alternate" and t % 2 == 0)
@@ -54,6 +60,9 @@ class ContextRun:
         self.text = self.store.get(self.hash)
         self.programs = sum(int(e.get("programs", 0)) for e in entries)
         self.valid = sum(int(e.get("valid_programs", 0)) for e in entries)
+        self.pending = []
+        for e in entries:  # a step that updated the context consumed the pending set; one that did not added to it
+            self.pending = self.pending + self._load(e["pending"]) if e.get("pending") else []
         log.info("context %s restored after step %d (%d programs evaluated so far)", self.hash,
                  entries[-1]["step"], self.programs)
 
@@ -64,9 +73,20 @@ class ContextRun:
         self.programs += n
         self.valid += ok
         played = self.hash
+        self.pending = self.pending + list(trajectories)
+        extra = {}
         if self.ctx_on(t):
-            self.text = self.optimiser.update(trajectories, self.text, t)
+            self.text = self.optimiser.update(self.pending, self.text, t)
+            self.pending = []
             self.hash = self.store.put(self.text)
             if self.hash != played:
                 log.info("step %d: context %s -> %s", t, played, self.hash)
-        return {"context": played, "context_next": self.hash, "programs": n, "valid_programs": ok}
+        else:
+            extra["pending"] = self.store.put(json.dumps([dataclasses.asdict(tr) for tr in trajectories]))
+        return {"context": played, "context_next": self.hash, "programs": n, "valid_programs": ok, **extra}
+
+    def _load(self, h: str) -> list[Trajectory]:
+        out = []
+        for d in json.loads(self.store.get(h)):
+            out.append(Trajectory(d["ret"], d["responses"], [Program(**p) for p in d["programs"]], d["member"]))
+        return out

@@ -103,7 +103,11 @@ class ESTrainer:
             from esopt_mp.envs import ahd
             from esopt_mp.prompt.run import ContextRun
 
-            self.context = ContextRun(cfg.prompt, ahd.get(cfg.env.problem).reference(), cfg.run.dir, dims.rank)
+            ref = ahd.get(cfg.env.problem).reference()
+            # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
+            fit = self.objective.score_program(ref) if cfg.prompt.optimiser in ("sample", "eoh") else None
+            log.info("seed program fitness %s (evaluated once, not counted in the budget)", fit)
+            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, seed_fitness=fit)
             self.objective.context = self.context
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)

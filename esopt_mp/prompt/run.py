@@ -25,10 +25,12 @@ MODES = ("joint", "alternate", "prompt_only")
 
 
 class ContextRun:
-    def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0):
-        """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem."""
+    def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0, seed_fitness: float | None = None):
+        """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem;
+        ``seed_fitness``: its fitness, evaluated once before the run (outside the program budget)."""
         self.cfg = cfg
-        self.optimiser = build_optimiser(cfg, reference)
+        self.seed_fitness = seed_fitness
+        self.optimiser = build_optimiser(cfg, reference, seed_fitness)
         self.store = ContextStore(run_dir, write=rank == 0)
         self.text = self.optimiser.initial()
         self.hash = self.store.put(self.text)

@@ -217,3 +217,25 @@ def test_ahd_table_runs_at_equal_budget(tmp_path, monkeypatch, capsys):
     for m in ahd_table.METHODS:  # a 1-step run plays the schedule's end: sigma = 0, nothing updated
         led = _ledger(tmp_path / "bpp_online" / m.replace("+", "_") / "seed0")
         assert (led[-1]["sigma"], led[-1]["alpha"]) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("optimiser", ["sample", "eoh"])
+def test_seed_program_is_evaluated_once_and_competes_with_its_fitness(tmp_path, fake_env, optimiser):
+    # the seed was unscored (fitness None), so any first valid program, however bad, replaced it
+    from esopt_mp.envs import ahd
+    from esopt_mp.prompt import EoHSearch, SampleSearch
+
+    search = SampleSearch if optimiser == "sample" else EoHSearch
+    t = _trainer(_cfg(tmp_path / optimiser, mode="prompt_only", optimiser=optimiser))
+    ref = ahd.get(t.cfg.env.problem).reference()
+    _, want, _, _, _ = ScoredEnv().step(f"```python\n{ref.rstrip()}\n```")  # the env's score of the seed reply
+    seed = search.best(t.context.text)
+    assert seed["op"] == "seed" and seed["fitness"] == pytest.approx(want) and t.context.seed_fitness == seed["fitness"]
+    scores = []
+    for s in range(2):
+        t.step(s)
+        scores += [p.score for tr in t._step_trajectories() for p in tr.programs]
+    t.close()
+    best = search.best(t.context.text)
+    assert best["fitness"] == pytest.approx(max(scores + [want]))
+    assert (best["op"] == "seed") == (want >= max(scores))

@@ -41,7 +41,7 @@ class ScheduleConfig:
     kind: str = "cosine"
     start: float = 1e-3
     end: float = 2.5e-4
-    steps: int | None = None  # None: the run's es.steps
+    steps: int | None = None  # None: follow the run, end at its last step (es.steps - 1)
 
     def validate(self, key: str) -> None:
         _check(self.kind in SCHEDULE_KINDS, f"{key}.kind", f"must be one of {SCHEDULE_KINDS}, got {self.kind!r}")

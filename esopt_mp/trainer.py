@@ -46,7 +46,14 @@ def _since(t0: float) -> float:
 
 
 def _schedule(cfg, steps: int) -> Schedule:
-    return Schedule(cfg.kind, cfg.start, cfg.end, cfg.steps or steps)
+    """``cfg.steps`` None: the schedule follows the run, start at step 0 and end at its last step (es.steps - 1),
+    so a test-time schedule (end 0) really plays sigma = 0 last; a 1-step run plays the end value."""
+    if cfg.steps:
+        return Schedule(cfg.kind, cfg.start, cfg.end, cfg.steps)
+    if steps <= 1:
+        v = cfg.start if cfg.kind == "constant" else cfg.end
+        return Schedule("constant", v, v, 1)
+    return Schedule(cfg.kind, cfg.start, cfg.end, steps - 1)
 
 
 class ESTrainer:
@@ -95,14 +102,17 @@ class ESTrainer:
         if cfg.prompt.optimiser != "none":
             from esopt_mp.prompt.run import ContextRun
 
-            ref, hooks = "", None
+            ref, hooks, fit = "", None, None
             if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
                 hooks = self.objective.skill_hooks(cfg.prompt.skill)
             else:
                 from esopt_mp.envs import ahd
 
                 ref = ahd.get(cfg.env.problem).reference()
-            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks)
+                # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
+                fit = self.objective.score_program(ref)
+                log.info("seed program fitness %s (evaluated once, not counted in the budget)", fit)
+            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit)
             self.objective.context = self.context
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
@@ -166,6 +176,8 @@ class ESTrainer:
         seeds, signs = population(es.seed, t, es.population, es.mirrored)
         es_on = self.context is None or self.context.es_on(t)  # prompt.mode: steps without ES keep the weights
         sigma, alpha = (self.sigma(t), self.alpha(t)) if es_on else (0.0, 0.0)
+        if sigma == 0.0:  # no perturbation: the returns differ by sampling noise only, an update is a random walk
+            alpha = 0.0  # recorded so, and replay applies nothing
         if self.context is not None:
             self.objective.trajectories = []
         local = {}
@@ -193,7 +205,8 @@ class ESTrainer:
         returns = gather_returns(local, es.population, dims)
         weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()
-        self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
+        if alpha > 0.0:
+            self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
         update_s = _since(t1)
         if self.cfg.parallel.checksum_every and (t + 1) % self.cfg.parallel.checksum_every == 0:
             check_replicas([(s.info.name, s.tensor) for s in self.shards], dims)

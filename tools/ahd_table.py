@@ -39,7 +39,7 @@ def run_cell(problem: str, method: str, seed: int, args, run_dir: str) -> dict:
         "run": {"dir": run_dir, "trajectories": False, "checkpoint_every": 0, "log_every": 1},
         "model": {"path": args.model}, "objective": {"name": "agent"},
         "es": {"population": args.population, "steps": args.steps, "seed": seed, "mirrored": False,
-               "sigma": {"kind": "cosine", "start": args.sigma, "end": 0.0, "steps": max(1, args.steps - 1)},
+               "sigma": {"kind": "cosine", "start": args.sigma, "end": 0.0},  # ends at 0 on the last step
                "alpha": {"kind": "constant", "start": args.alpha, "end": args.alpha}},
         "env": {"name": "heuristic", "problem": problem, "max_turns": args.turns, "n_train": args.episodes,
                 "n_eval": 1, "episodes_per_step": args.episodes, "task_seed": seed},
@@ -55,7 +55,8 @@ def run_cell(problem: str, method: str, seed: int, args, run_dir: str) -> dict:
     finally:
         trainer.close()
     return {"objective": held_out(problem, best["code"], seed), "train_score": best["fitness"],
-            "programs": programs, "valid_programs": valid, "context": trainer.context.hash}
+            "programs": programs, "valid_programs": valid, "context": trainer.context.hash,
+            "seed_fitness": trainer.context.seed_fitness}  # evaluated once, outside the budget
 
 
 def held_out(problem: str, code: str, seed: int) -> float:

@@ -164,6 +164,23 @@ class AgentObjective:
         rng = random.Random(stream_seed(self.run_seed, "tasks", step))
         return [self.train_tasks[i] for i in rng.sample(range(len(self.train_tasks)), self.cfg.episodes_per_step)]
 
+    def score_program(self, code: str, step: int = 0) -> float | None:
+        """Mean score of ``code`` over step ``step``'s tasks, evaluated as an episode's reply is (same environment,
+        same sandbox); None if it fails on any. No model runs: the seed heuristic's fitness, outside the budget."""
+        extra = {"problem": self.cfg.problem} if self.cfg.name == "heuristic" else {}
+        scores = []
+        for task in self.step_tasks(step):
+            env = make(self.cfg.name, max_turns=1, sandbox=self.cfg.sandbox, **extra)
+            env.reset(task)
+            info = env.step(f"```python\n{code.rstrip()}\n```")[4]
+            close = getattr(env, "close", None)
+            if close:
+                close()
+            if info.get("error") is not None or info.get("score") is None:
+                return None
+            scores.append(float(info["score"]))
+        return sum(scores) / len(scores)
+
     def evaluate(self, model, member) -> float:
         if member is None:
             return self._held_out()

@@ -6,13 +6,18 @@ steps from the same trajectories; ``alternate`` updates the weights on even step
 model with their own sampling seeds, so the number of programs evaluated stays that of an ES step).
 Each ledger record carries ``context`` (the hash the step played), ``context_next`` (after the step),
 ``programs`` (programs evaluated) and ``valid_programs`` (of them, without error); the texts live in
-``run.dir/contexts``.
+``run.dir/contexts``. A context update reads every trajectory since the previous update (with ``every`` > 1 or
+on ``alternate``'s ES-only steps all of them count toward the budget, so all are searched); a step that does
+not update records ``pending``, the hash of its trajectories stored as JSON beside the contexts, so a resume
+rebuilds the pending set exactly.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 
-from esopt_mp.prompt.base import ContextStore, Trajectory
+from esopt_mp.prompt.base import ContextStore, Program, Trajectory
 from esopt_mp.prompt.search import build_optimiser
 
 log = logging.getLogger(__name__)
@@ -20,17 +25,21 @@ MODES = ("joint", "alternate", "prompt_only")
 
 
 class ContextRun:
-    def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0, hooks: dict | None = None):
+    def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0, hooks: dict | None = None,
+                 seed_fitness: float | None = None):
         """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem ('' for
-        optimisers that need none); ``hooks``: the run's proposer / validation callables (skill synthesis)."""
+        optimisers that need none); ``hooks``: the run's proposer / validation callables (skill synthesis);
+        ``seed_fitness``: the seed program's fitness, evaluated once before the run (outside the program budget)."""
         self.cfg = cfg
-        self.optimiser = build_optimiser(cfg, reference, hooks, run_dir, rank)
+        self.seed_fitness = seed_fitness
+        self.optimiser = build_optimiser(cfg, reference, hooks, run_dir, rank, seed_fitness)
         self.store = ContextStore(run_dir, write=rank == 0)
         self.text = self.optimiser.initial()
         self.hash = self.store.put(self.text)
         self.initial_hash = self.hash
         self.programs = 0  # evaluated over the whole run (restored from the ledger on resume)
         self.valid = 0  # of which ran without error (the ones a search may keep)
+        self.pending: list[Trajectory] = []  # trajectories since the last context update
 
     def es_on(self, t: int) -> bool:
         return self.cfg.mode == "joint" or (self.cfg.mode == "alternate" and t % 2 == 0)
@@ -57,6 +66,9 @@ class ContextRun:
         self.valid = sum(int(e.get("valid_programs", 0)) for e in entries)
         if hasattr(self.optimiser, "restore"):  # e.g. skill synthesis: its validation evaluations so far
             self.optimiser.restore(entries)
+        self.pending = []
+        for e in entries:  # a step that updated the context consumed the pending set; one that did not added to it
+            self.pending = self.pending + self._load(e["pending"]) if e.get("pending") else []
         log.info("context %s restored after step %d (%d programs evaluated so far)", self.hash,
                  entries[-1]["step"], self.programs)
 
@@ -67,10 +79,22 @@ class ContextRun:
         self.programs += n
         self.valid += ok
         played = self.hash
+        self.pending = self.pending + list(trajectories)
+        extra = {}
         if self.ctx_on(t):
-            self.text = self.optimiser.update(trajectories, self.text, t)
+            self.text = self.optimiser.update(self.pending, self.text, t)
+            self.pending = []
             self.hash = self.store.put(self.text)
             if self.hash != played:
                 log.info("step %d: context %s -> %s", t, played, self.hash)
-        extra = self.optimiser.ledger_fields() if self.ctx_on(t) and hasattr(self.optimiser, "ledger_fields") else {}
+            extra = self.optimiser.ledger_fields() if hasattr(self.optimiser, "ledger_fields") else {}
+        else:
+            extra["pending"] = self.store.put(json.dumps([dataclasses.asdict(tr) for tr in trajectories]))
         return {"context": played, "context_next": self.hash, "programs": n, "valid_programs": ok, **extra}
+
+    def _load(self, h: str) -> list[Trajectory]:
+        out = []
+        for d in json.loads(self.store.get(h)):
+            d["programs"] = [Program(**p) for p in d["programs"]]
+            out.append(Trajectory(**d))
+        return out

@@ -57,11 +57,12 @@ class SampleSearch:
 
     name = "sample"
 
-    def __init__(self, reference: str):
-        self.reference = reference
+    def __init__(self, reference: str, seed_fitness: float | None = None):
+        self.reference, self.seed_fitness = reference, seed_fitness
 
     def initial(self) -> str:
-        return dumps({"method": self.name, "best": {"code": self.reference, "fitness": None, "op": "seed"}})
+        return dumps({"method": self.name, "best": {"code": self.reference, "fitness": self.seed_fitness,
+                                                     "op": "seed"}})
 
     def render(self, context: str, seed: int) -> str:
         return ""
@@ -84,13 +85,14 @@ class EoHSearch:
 
     name = "eoh"
 
-    def __init__(self, reference: str, size: int = 4, parents: int = 2):
+    def __init__(self, reference: str, size: int = 4, parents: int = 2, seed_fitness: float | None = None):
         if size < 1 or parents < 2:
             raise ValueError(f"prompt.population must be >= 1 and prompt.parents >= 2, got {size}, {parents}")
-        self.reference, self.size, self.parents = reference, size, parents
+        self.reference, self.size, self.parents, self.seed_fitness = reference, size, parents, seed_fitness
 
     def initial(self) -> str:
-        return dumps({"method": self.name, "population": [{"code": self.reference, "fitness": None, "op": "seed"}]})
+        return dumps({"method": self.name, "population": [{"code": self.reference, "fitness": self.seed_fitness,
+                                                           "op": "seed"}]})
 
     def _pick(self, pop: list[dict], k: int, rng: random.Random) -> list[dict]:
         """``k`` distinct parents, probability proportional to 1 / (rank + len(pop)) as in EoH."""
@@ -126,17 +128,20 @@ class EoHSearch:
         return loads(context, "eoh")["population"][0]
 
 
-def build_optimiser(cfg, reference: str, hooks: dict | None = None, run_dir: str | None = None, rank: int = 0):
+def build_optimiser(cfg, reference: str, hooks: dict | None = None, run_dir: str | None = None, rank: int = 0,
+                    seed_fitness: float | None = None):
     """The ``prompt.optimiser`` of a validated :class:`esopt_mp.config.PromptConfig` over a seed program.
 
-    ``hooks``: what the run lends an optimiser that needs the model (skill: ``proposer`` and ``validate``).
+    ``hooks``: what the run lends an optimiser that needs the model (skill: ``proposer`` and ``validate``);
+    ``seed_fitness``: the seed program's evaluated fitness, so a worse first program does not replace it (None:
+    unscored).
     """
     if cfg.optimiser == "skill":
         from esopt_mp.prompt.skill import build_skill
 
         return build_skill(cfg, hooks, run_dir, rank)
     if cfg.optimiser == "sample":
-        return SampleSearch(reference)
+        return SampleSearch(reference, seed_fitness)
     if cfg.optimiser == "eoh":
-        return EoHSearch(reference, cfg.population, cfg.parents)
+        return EoHSearch(reference, cfg.population, cfg.parents, seed_fitness)
     raise ValueError(f"prompt.optimiser: no optimiser for {cfg.optimiser!r}")

@@ -11,7 +11,7 @@ PROBLEMS = [p for p in ahd.known() if p != "bpp_online"]  # online bin packing: 
 FUNC = {p: ahd.get(p).func_name for p in PROBLEMS}
 # a valid answer whatever the arguments: the first offered node / item, one priority, a matrix of ones
 VALID = {
-    "tsp_constructive": "    return int(a[2][0])\n",
+    "tsp_constructive": "    return min(a[2])\n",  # unvisited_nodes is a set, as the signature says
     "kp_constructive": "    return int(np.argmin(a[1]))\n",
     "asp_constructive": "    return 1.0\n",
     "tsp_aco": "    return np.ones(a[0].shape)\n",

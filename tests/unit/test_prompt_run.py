@@ -166,7 +166,36 @@ def test_eoh_es_profile_composes_with_the_test_time_sigma_schedule():
                                                   resolve=True), 1)
     s = cfg.es.sigma
     assert (cfg.prompt.optimiser, cfg.prompt.mode, cfg.env.name) == ("eoh", "joint", "heuristic")
-    assert Schedule(s.kind, s.start, s.end, s.steps)(cfg.es.steps - 1) == 0.0 < s.start  # sigma_T = 0 at the last step
+    from esopt_mp.trainer import _schedule
+
+    assert s.steps is None  # follows es.steps: an es.steps override keeps sigma_T = 0 at the last step
+    for steps in (cfg.es.steps, 7, 1):
+        sched = _schedule(s, steps)
+        assert isinstance(sched, Schedule) and sched(steps - 1) == 0.0 < s.start
+        assert steps == 1 or sched(steps - 2) > 0.0
+
+
+def test_sigma_zero_step_updates_nothing_and_replays(tmp_path, fake_env):
+    # the last step of a test-time schedule plays sigma = 0: the members differ only by sampling noise, so an
+    # update with alpha > 0 was a random walk (max |dtheta| 0.13 on the tiny agent); alpha is recorded as 0
+    from tools.replay import replay
+
+    cfg = _cfg(tmp_path / "z")
+    cfg.es.steps = 2
+    t = _trainer(cfg)
+    t.step(0)
+    w0 = _weights(t.model)
+    rec = t.step(1)
+    w1 = _weights(t.model)
+    t.close()
+    assert rec["sigma"] == 0.0 and rec["alpha"] == 0.0
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    led = _ledger(tmp_path / "z")
+    assert led[0]["sigma"] > 0 and led[0]["alpha"] > 0 and (led[-1]["sigma"], led[-1]["alpha"]) == (0.0, 0.0)
+    from safetensors.torch import load_file
+
+    rep = load_file(os.path.join(replay(str(tmp_path / "z"), str(tmp_path / "r")), "model.safetensors"))
+    assert all(torch.equal(rep[k], w1[k]) for k in rep)
 
 
 @pytest.mark.slow
@@ -185,3 +214,28 @@ def test_ahd_table_runs_at_equal_budget(tmp_path, monkeypatch, capsys):
     assert all(c[0]["objective"] > 0 for c in cells.values())  # a gap to the bound, of the best (or seed) heuristic
     with open(tmp_path / "table.md") as f:
         assert "| bpp_online (gap, lower) |" in f.read()
+    for m in ahd_table.METHODS:  # a 1-step run plays the schedule's end: sigma = 0, nothing updated
+        led = _ledger(tmp_path / "bpp_online" / m.replace("+", "_") / "seed0")
+        assert (led[-1]["sigma"], led[-1]["alpha"]) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("optimiser", ["sample", "eoh"])
+def test_seed_program_is_evaluated_once_and_competes_with_its_fitness(tmp_path, fake_env, optimiser):
+    # the seed was unscored (fitness None), so any first valid program, however bad, replaced it
+    from esopt_mp.envs import ahd
+    from esopt_mp.prompt import EoHSearch, SampleSearch
+
+    search = SampleSearch if optimiser == "sample" else EoHSearch
+    t = _trainer(_cfg(tmp_path / optimiser, mode="prompt_only", optimiser=optimiser))
+    ref = ahd.get(t.cfg.env.problem).reference()
+    _, want, _, _, _ = ScoredEnv().step(f"```python\n{ref.rstrip()}\n```")  # the env's score of the seed reply
+    seed = search.best(t.context.text)
+    assert seed["op"] == "seed" and seed["fitness"] == pytest.approx(want) and t.context.seed_fitness == seed["fitness"]
+    scores = []
+    for s in range(2):
+        t.step(s)
+        scores += [p.score for tr in t._step_trajectories() for p in tr.programs]
+    t.close()
+    best = search.best(t.context.text)
+    assert best["fitness"] == pytest.approx(max(scores + [want]))
+    assert (best["op"] == "seed") == (want >= max(scores))

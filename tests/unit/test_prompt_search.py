@@ -83,7 +83,8 @@ def test_schedules_and_restore_checks(tmp_path):
     assert [joint.ctx_on(t) for t in range(6)] == [False, False, True] * 2 and all(joint.es_on(t) for t in range(6))
     assert [only.ctx_on(t) for t in range(4)] == [False, True] * 2 and not any(only.es_on(t) for t in range(4))
     rec = joint.step(0, [_traj(("a", -1.0, None), ("b", 0.0, "err"))])  # not a context step: kept, still counted
-    assert rec == {"context": joint.hash, "context_next": joint.hash, "programs": 2, "valid_programs": 1}
+    assert rec == {"context": joint.hash, "context_next": joint.hash, "programs": 2, "valid_programs": 1,
+                   "pending": rec["pending"]}
     rec2 = joint.step(2, [_traj(("a", -1.0, None))])
     assert rec2["context_next"] != rec2["context"] and "a" in json.dumps(json.loads(joint.text))
     fresh = run(mode="joint", every=3)
@@ -91,3 +92,32 @@ def test_schedules_and_restore_checks(tmp_path):
     assert (fresh.text, fresh.programs, fresh.valid) == (joint.text, 3, 2)
     with pytest.raises(ValueError, match="prompt"):  # a ledger that started from another context
         ContextRun(PromptConfig(optimiser="sample"), REF, str(tmp_path)).restore([dict(rec2, step=0)])
+
+
+@pytest.mark.parametrize("optimiser", ["sample", "eoh"])
+@pytest.mark.parametrize("mode", ["every", "alternate"])
+def test_update_reads_every_trajectory_since_the_last_one_and_resume_rebuilds_them(tmp_path, optimiser, mode):
+    # all programs count toward the budget, so all are searched: the best one came two steps before the update
+    # (before: only the update step's programs were seen, and the worse "c" won)
+    from esopt_mp.config import PromptConfig
+    from esopt_mp.prompt.run import ContextRun
+
+    kw = {"mode": "joint", "every": 3} if mode == "every" else {"mode": "alternate"}
+    steps = [[_traj(("a", 5.0, None))], [_traj(("b", 1.0, None))], [_traj(("c", 0.0, None))]]
+    if mode == "alternate":  # context steps are the odd ones: play a, b on 0 and c on 1
+        steps = [steps[0] + steps[1], steps[2]]
+
+    def run(d):
+        return ContextRun(PromptConfig(optimiser=optimiser, population=2, **kw), REF, str(tmp_path / d))
+
+    full = run("full")
+    recs = [dict(full.step(t, tr), step=t) for t, tr in enumerate(steps)]
+    assert "pending" in recs[0] and "pending" not in recs[-1] and full.pending == []
+    best = (SampleSearch if optimiser == "sample" else EoHSearch).best(full.text)
+    assert best["code"] == "a" and best["fitness"] == 5.0
+    resumed = run("full")  # same run dir: the pending trajectories are read back from it
+    resumed.restore(recs[:-1])
+    assert [p.code for tr in resumed.pending for p in tr.programs] == [
+        p.code for tr in sum(steps[:-1], []) for p in tr.programs]
+    resumed.step(len(steps) - 1, steps[-1])
+    assert resumed.text == full.text

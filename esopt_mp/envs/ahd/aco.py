@@ -5,10 +5,47 @@ decay 0.9, alpha = beta = 1, pheromone 1 at start, every ant deposits 1/cost on 
 packing 20 ants, 15 iterations, decay 0.95, the heuristic clipped to [1e-6, 1e6] and scaled to max 1, an
 item's attraction to the open bin the mean heuristic row of the bin's items, deposits the packing's fitness
 (mean squared bin fill) / ants on every pair of items sharing a bin.
+
+Untrusted heuristics: :func:`heuristic` bounds the matrix (an all-1e308 one would overflow pheromone x
+heuristic to inf, then NaN, and the sampler would revisit nodes), and every ant's solution is checked
+(:func:`check_tours`, :func:`check_routes`): a solver bug or a numeric escape fails the candidate, never
+scores a non-solution.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from esopt_mp.envs.ahd.common import Failure
+
+H_MIN, H_MAX = 1e-9, 1e9
+
+
+def heuristic(heu: np.ndarray) -> np.ndarray:
+    """The paper's ``heu + 1e-9`` floored at 1e-9, and also capped at 1e9 (pheromone x heuristic x n stays far
+    below float64's range; a reasonable heuristic, e.g. 1/d, is unchanged)."""
+    heu = np.asarray(heu, dtype=np.float64) + H_MIN
+    if not np.all(np.isfinite(heu)):
+        raise Failure("heuristics returned non-finite values")
+    return np.clip(heu, H_MIN, H_MAX)
+
+
+def check_tours(paths: np.ndarray) -> None:
+    """Every row a permutation of the nodes."""
+    if not (np.sort(paths, axis=1) == np.arange(paths.shape[1])).all():
+        raise Failure("the ant colony built a tour that is not a permutation of the nodes")
+
+
+def check_routes(paths: np.ndarray, demand: np.ndarray, capacity: float) -> None:
+    """Every row visits each customer exactly once, starts and ends at the depot, loads within capacity."""
+    n = len(demand)
+    for path in paths:
+        cust = path[path != 0]
+        if path[0] != 0 or path[-1] != 0 or len(cust) != n - 1 or len(np.unique(cust)) != n - 1:
+            raise Failure("the ant colony built a route that does not visit every customer exactly once")
+        trip = np.cumsum(path == 0)  # the trip each step belongs to
+        loads = np.bincount(trip, weights=demand[path])
+        if loads.max() > capacity + 1e-9:
+            raise Failure(f"the ant colony built a route over capacity ({loads.max():g} > {capacity:g})")
 
 
 def _sample(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -26,7 +63,7 @@ def _sample(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def tsp(dist: np.ndarray, heu: np.ndarray, rng: np.random.Generator, n_ants: int = 30, n_iterations: int = 100,
         decay: float = 0.9, alpha: float = 1.0, beta: float = 1.0) -> tuple[float, np.ndarray]:
     """(best tour length, best tour) of the colony."""
-    n = len(dist)
+    n, heu = len(dist), heuristic(heu)
     pher, ants = np.ones_like(dist), np.arange(n_ants)
     best, best_tour = np.inf, None
     for _ in range(n_iterations):
@@ -38,6 +75,7 @@ def tsp(dist: np.ndarray, heu: np.ndarray, rng: np.random.Generator, n_ants: int
         for t in range(1, n):
             paths[:, t] = _sample(attract[paths[:, t - 1]] * free, rng)
             free[ants, paths[:, t]] = False
+        check_tours(paths)
         nxt = np.roll(paths, -1, axis=1)
         costs = dist[paths, nxt].sum(1)
         i = int(np.argmin(costs))
@@ -53,7 +91,7 @@ def cvrp(dist: np.ndarray, demand: np.ndarray, capacity: float, heu: np.ndarray,
          n_ants: int = 30, n_iterations: int = 100, decay: float = 0.9, alpha: float = 1.0,
          beta: float = 1.0) -> tuple[float, list[int]]:
     """(best route cost, best route as a node sequence from depot 0 back to 0, depot visits between trips)."""
-    n = len(dist)
+    n, heu = len(dist), heuristic(heu)
     pher, ants = np.ones_like(dist), np.arange(n_ants)
     best, best_route = np.inf, None
     for _ in range(n_iterations):
@@ -72,6 +110,7 @@ def cvrp(dist: np.ndarray, demand: np.ndarray, capacity: float, heu: np.ndarray,
             todo[:, 0] = False
             steps.append(cur.copy())
         paths = np.stack(steps, 1)
+        check_routes(paths, demand, capacity)
         moving = ~((paths[:, :-1] == 0) & (paths[:, 1:] == 0))  # finished ants wait at the depot: no cost
         costs = (dist[paths[:, :-1], paths[:, 1:]] * moving).sum(1)
         i = int(np.argmin(costs))

@@ -46,6 +46,11 @@ def _dec(a):
         return _ctx[a["r"]]
     if isinstance(a, dict) and "t" in a:
         return tuple(a["t"])
+    if isinstance(a, dict) and "range_minus" in a:
+        _s = set(range(a["n"]))
+        for _v in a["range_minus"]:
+            _s.discard(_v)
+        return _s
     return a
 for _line in _sys.stdin:
     _req = _json.loads(_line)
@@ -67,6 +72,12 @@ def arr(a: np.ndarray) -> dict:
     """A numpy array as one JSON value of the protocol."""
     a = np.ascontiguousarray(a)
     return {"a": base64.b64encode(a.tobytes()).decode(), "d": a.dtype.str, "s": list(a.shape)}
+
+
+def range_minus(n: int, removed) -> dict:
+    """``set(range(n))`` less ``removed`` (removed in that order) as one JSON value of the protocol: built the
+    way the paper's evaluators build it, so the set's iteration order (which ``min`` over ties follows) matches."""
+    return {"n": int(n), "range_minus": [int(x) for x in removed]}
 
 
 def ref(i: int) -> dict:

@@ -2,7 +2,7 @@
 
 Instances: shipped (n+1, 3) arrays, row 0 the depot, column 0 the demand (integers 1..9; 0 at the depot) and
 columns 1-2 the coordinates in the unit square; vehicle capacity 50 (the paper's evaluator). As there, the
-distance matrix has 1 on its diagonal and the returned matrix (plus 1e-9, floored at 1e-9) drives
+distance matrix has 1 on its diagonal and the returned matrix (plus 1e-9, floored at 1e-9, capped at 1e9) drives
 :func:`.aco.cvrp`, seeded per episode. Objective: mean best route cost, depot returns included and waiting
 at the depot free (lower is better); score = -cost. Reference: the seed function 1/d.
 """
@@ -41,8 +41,7 @@ class CVRPACO(Problem):
             demand, pos = x[:, 0].copy(), x[:, 1:].copy()
             d = dist_matrix(pos)
             d[np.diag_indices_from(d)] = 1.0
-            heu = matrix(call, [arr(d), arr(pos), arr(demand), CAPACITY], len(x), "heuristics") + 1e-9
-            heu[heu < 1e-9] = 1e-9
+            heu = matrix(call, [arr(d), arr(pos), arr(demand), CAPACITY], len(x), "heuristics")  # + 1e-9, floored and capped: aco.heuristic
             cost, route = aco.cvrp(d, demand, CAPACITY, heu, rng, **self.params)
             costs.append(cost)
             routes.append(route)

@@ -1,7 +1,7 @@
 """TSP, ACO: ``heuristics(distance_matrix) -> (n, n)`` edge desirabilities that steer an ant colony.
 
 As in the paper's evaluator: the distance matrix has 1 on its diagonal, the returned matrix (plus 1e-9, then
-floored at 1e-9) is the colony's heuristic; :func:`.aco.tsp` with its parameters, seeded per episode.
+floored at 1e-9, capped at 1e9) is the colony's heuristic; :func:`.aco.tsp` with its parameters, seeded per episode.
 Instances: uniform points in the unit square (train50 holds 5; val/test 20, 50, 100 hold 64).
 Objective: mean best tour length (lower is better); score = -length. Reference: the seed function 1/d.
 """
@@ -43,8 +43,7 @@ class TSPACO(Problem):
         for p in instances:
             d = dist_matrix(p)
             d[np.diag_indices_from(d)] = 1.0
-            heu = matrix(call, [arr(d)], len(p), "heuristics") + 1e-9
-            heu[heu < 1e-9] = 1e-9
+            heu = matrix(call, [arr(d)], len(p), "heuristics")  # + 1e-9, floored and capped: aco.heuristic
             cost, tour = aco.tsp(d, heu, rng, **self.params)
             lengths.append(cost)
             tours.append(tour.tolist())

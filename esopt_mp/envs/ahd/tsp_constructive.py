@@ -1,8 +1,11 @@
 """TSP, constructive: ``select_next_node(current, destination, unvisited, distance_matrix) -> node``.
 
-As in the paper's evaluator (EoH's ``tsp_greedy``): the tour starts at node 0 (also the destination), each
-step offers the unvisited nodes sorted nearest-first (a numpy array; so the settings' seed function, which
-takes the first of equal scores, is nearest neighbour), the last node closes the tour. Instances: uniform
+As in the paper's evaluator (ReEvo / MCTS-AHD ``tsp_constructive/eval.py``): the tour starts at node 0 (also
+the destination) and the function is called n-1 times with exactly the types the shipped signature states:
+``current_node: int``, ``destination_node: int``, ``unvisited_nodes: set`` (of ints, the last call offers one
+node) and the ``distance_matrix`` array. The settings' seed function gives every node the same score and
+``min`` takes the first in the set's iteration order (ascending for small ints), so it visits the nodes in
+index order 0, 1, ..., n-1. Instances: uniform
 points in the unit square (``train50``, ``val{20,50,100,200}``, ``test*`` built by ``esopt_mp.data.ahd_build``).
 Objective: mean closed-tour length (lower is better); score = -length.
 """
@@ -12,7 +15,7 @@ import math
 
 import numpy as np
 
-from esopt_mp.envs.ahd.common import Caller, Failure, Problem, arr, dist_matrix, ref
+from esopt_mp.envs.ahd.common import Caller, Failure, Problem, arr, dist_matrix, range_minus, ref
 
 
 def tour_length(points: np.ndarray, tour: list[int]) -> float:
@@ -33,26 +36,19 @@ class TSPConstructive(Problem):
     def run(self, call: Caller, instances, seed):
         dists = [dist_matrix(p) for p in instances]
         call.context([arr(d) for d in dists])
-        order = [np.argsort(d, axis=1, kind="stable") for d in dists]
         tours = [[0] for _ in instances]
-        n_max = max(len(p) for p in instances)
-        for step in range(1, n_max - 1):
-            active = [k for k, p in enumerate(instances) if step < len(p) - 1]
-            calls, offered = [], []
-            for k in active:
-                seen = set(tours[k])
-                near = np.array([j for j in order[k][tours[k][-1]] if j not in seen], dtype=np.int64)
-                offered.append(near)
-                calls.append([int(tours[k][-1]), 0, arr(near), ref(k)])
-            for k, near, ans in zip(active, offered, call.calls(calls)):
+        unvisited = [set(range(1, len(p))) for p in instances]
+        for step in range(1, max(len(p) for p in instances)):
+            active = [k for k, p in enumerate(instances) if step < len(p)]
+            calls = [[int(tours[k][-1]), 0, range_minus(len(instances[k]), tours[k]), ref(k)] for k in active]
+            for k, ans in zip(active, call.calls(calls)):
                 if ans.size != 1 or ans.reshape(-1)[0] != int(ans.reshape(-1)[0]):
                     raise Failure(f"select_next_node returned {ans.reshape(-1)[:4].tolist()}, expected one node")
                 node = int(ans.reshape(-1)[0])
-                if node not in set(near.tolist()):
+                if node not in unvisited[k]:
                     raise Failure(f"select_next_node returned node {node}, which is visited or not a node")
                 tours[k].append(node)
-        for k, p in enumerate(instances):
-            tours[k] += [j for j in range(len(p)) if j not in set(tours[k])]
+                unvisited[k].remove(node)
         lengths = [tour_length(p, t) for p, t in zip(instances, tours)]
         return float(np.mean(lengths)), {"lengths": lengths, "tours": tours}
 

@@ -109,6 +109,7 @@ class ESTrainer:
                 from esopt_mp.envs import ahd
 
                 ref = ahd.get(cfg.env.problem).reference()
+                self.objective.fixed_task = True  # fitness compared across programs: one instance set for all
                 # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
                 fit = self.objective.score_program(ref)
                 log.info("seed program fitness %s (evaluated once, not counted in the budget)", fit)

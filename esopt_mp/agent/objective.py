@@ -161,6 +161,10 @@ class AgentObjective:
         return max(1, min(n, self.cfg.web.max_browsers) if self.cfg.name == "webarena_lite" else n)
 
     def step_tasks(self, step: int) -> list[dict]:
+        """The step's training tasks; with ``fixed_task`` (heuristic search) the first training task every time, so
+        every program of the run, and the seed's, is scored on the same instances, as EoH does."""
+        if getattr(self, "fixed_task", False):
+            return [self.train_tasks[0]] * self.cfg.episodes_per_step
         rng = random.Random(stream_seed(self.run_seed, "tasks", step))
         return [self.train_tasks[i] for i in rng.sample(range(len(self.train_tasks)), self.cfg.episodes_per_step)]
 

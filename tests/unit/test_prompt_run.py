@@ -239,3 +239,12 @@ def test_seed_program_is_evaluated_once_and_competes_with_its_fitness(tmp_path, 
     best = search.best(t.context.text)
     assert best["fitness"] == pytest.approx(max(scores + [want]))
     assert (best["op"] == "seed") == (want >= max(scores))
+
+
+def test_heuristic_search_scores_every_program_on_the_same_instances(tmp_path, fake_env):
+    """Sample/EoH compare fitness across programs, steps and the seed: one instance set for all of them."""
+    tr = _trainer(_cfg(tmp_path / "a", optimiser="sample"))
+    tasks = [tr.objective.step_tasks(t) for t in range(3)]
+    tr.close()
+    first = tasks[0][0]
+    assert all(t is first for step in tasks for t in step) and len(tasks[0]) == 2

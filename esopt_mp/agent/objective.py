@@ -98,14 +98,16 @@ class AgentObjective:
         self.context = None  # a context run (esopt_mp/prompt/run.py): its render(seed) joins each system prompt
         self.trajectories: list = []  # the training episodes of the current step, for the context optimiser
 
-    def _play(self, tasks, seeds, cfg, render=None, **tags) -> tuple[float, int]:
-        """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers."""
+    def _play(self, tasks, seeds, cfg, render=None, failed_as_zero=False, **tags) -> tuple[float, int]:
+        """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers. ``failed_as_zero``:
+        a failed episode (NaN) counts as 0 instead of being left out (comparisons where failing must cost)."""
         if not self.dims.is_tp_leader:
             self._follow(len(tasks), cfg)
             return 0.0, 0
         eps = self.play(tasks, seeds, cfg, render=render, **tags)
-        finite = [e.ret for e in eps if not math.isnan(e.ret)]
-        return sum(finite), len(finite)
+        rets = [0.0 if math.isnan(e.ret) else e.ret for e in eps] if failed_as_zero else \
+            [e.ret for e in eps if not math.isnan(e.ret)]
+        return sum(rets), len(rets)
 
     def play(self, tasks, seeds, cfg, render=None, **tags) -> list:
         """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file.
@@ -266,7 +268,8 @@ class AgentObjective:
     def validate_context(self, text: str, step: int, n: int) -> float:
         """Mean return of ``n`` training tasks the step did not play (fewer left: any), played with ``text`` as
         the context; seeds from (run seed, step), so two contexts validated at one step meet the same episodes.
-        The episodes are spread over the dp groups and summed (one all-reduce), like held-out evaluation."""
+        The episodes are spread over the dp groups and summed (one all-reduce), like held-out evaluation; a failed
+        episode scores 0, as there."""
         from esopt_mp.prompt import context_hash
 
         played = {id(t) for t in self.step_tasks(step)}
@@ -279,7 +282,8 @@ class AgentObjective:
         total, count = 0.0, 0
         if mine:
             total, count = self._play([tasks[i] for i in mine], [seeds[i] for i in mine], self.eval_cfg,
-                                      render=lambda s: text, kind="skill_val", step=step, context=context_hash(text))
+                                      render=lambda s: text, failed_as_zero=True, kind="skill_val", step=step,
+                                      context=context_hash(text))  # a skill that makes episodes fail must lose
         stats = self.dims.comm.all_reduce(torch.tensor([total, count], dtype=torch.float64), "sum", "world")
         return stats[0].item() / stats[1].item() if stats[1].item() else math.nan
 

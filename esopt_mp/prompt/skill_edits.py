@@ -116,6 +116,14 @@ def _refuse(obj) -> str | None:
     for k in ("section", "anchor", "text"):
         if k in obj and not isinstance(obj[k], str):
             return f"{k} must be a string"
+    for k in ("section", "anchor", "text"):
+        v = obj.get(k, "")
+        if len(v.strip().splitlines()) > 1:  # str.splitlines also splits on \r, \x0b, \x85, \u2028, ...
+            return f"{k} must be a single line (no line or paragraph separator of any kind)"
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{k} is not valid UTF-8 text (a lone surrogate)"
     sec = obj.get("section", "").strip()
     if not sec or "\n" in sec or sec.startswith("#"):
         return "section must be a one-line title without '#'"

@@ -44,3 +44,14 @@ def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, re
     for leader in (True, False):
         _objective(cfg, leader, calls).evaluate(None, member)
     assert calls["run"] == calls["follow"] == -(-6 // max_browsers)
+
+
+def test_failed_episodes_cost_where_failing_must_cost(monkeypatch):
+    """Skill validation compares contexts: an episode that fails (NaN) counts 0 there, not left out -- else a
+    candidate failing 3 of 4 episodes and winning one (1.0) beat a current skill scoring 0.5 on all four."""
+    nan = float("nan")
+    monkeypatch.setattr(ob.AgentObjective, "play", lambda self, tasks, *a, **k: [
+        types.SimpleNamespace(ret=r) for r in (1.0, nan, nan, nan)])
+    o = _objective(EnvConfig(name="sudoku"), True, {})
+    assert o._play([0] * 4, [0] * 4, None) == (1.0, 1)  # training: ES shapes over finite returns
+    assert o._play([0] * 4, [0] * 4, None, failed_as_zero=True) == (1.0, 4)

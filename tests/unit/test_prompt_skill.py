@@ -49,6 +49,19 @@ def test_malformed_lines_are_dropped_with_their_reason_and_the_rest_stands():
     assert parse_edits("I think the skill is fine.")[1][0]["reason"] == "no ```edits block in the proposal"
 
 
+def test_line_breaks_of_any_kind_and_lone_surrogates_are_refused():
+    """str.splitlines splits on \\r, \\u2028 ... too: such a text would open a section; a lone surrogate (valid JSON)
+    crashed the run at hashing, on every rank and again after a resume."""
+    text = block({"op": "insert", "section": "Pitfalls", "text": "a\r## Evil"},
+                 {"op": "insert", "section": "New\u2028## Other", "text": "x"},
+                 {"op": "insert", "section": "Pitfalls", "text": "smile \ud83d"},
+                 {"op": "insert", "section": "Pitfalls", "text": "- fine"})
+    edits, drops = parse_edits(text)
+    assert [e.text for e in edits] == ["- fine"]
+    assert [d["reason"].split(" ")[0] for d in drops] == ["text", "section", "text"]
+    assert "single line" in drops[0]["reason"] and "surrogate" in drops[2]["reason"]
+
+
 def test_conflicting_edits_are_merged_or_dropped_with_their_reason():
     a = [Edit("replace", "Strategy", "- read the task twice", "- read the task three times", 0, 0),
          Edit("insert", "Pitfalls", "", "- check units", 0, 1)]

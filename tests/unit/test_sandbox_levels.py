@@ -159,3 +159,15 @@ def test_env_receives_its_sandbox_config():
     env = make("heuristic", sandbox=SandboxConfig(wall_s=7.0))
     assert env.sandbox.limits.wall_s == 7.0 and env.sandbox.limits.cpu_s == 30  # override + the env's default
     assert make("sudoku", sandbox=SandboxConfig()).name == "sudoku"  # envs that run no code ignore it
+
+
+def test_a_signal_unshare_could_not_pass_on_is_still_named():
+    """util-linux unshare --fork re-raises its child's fatal signal; when that fails it exits 1 with 'sigprocmask
+    unblock failed' (seen in CI on a CPU-limited infinite loop), losing the signal: after cpu_s it was the CPU limit."""
+    from esopt_mp.envs.sandbox.process import _exit_reason
+
+    lim = SandboxLimits(cpu_s=2)
+    err = "unshare: sigprocmask unblock failed: Invalid argument\n"
+    assert _exit_reason(1, err, lim, elapsed_s=2.4).startswith("cpu limit of 2 s exceeded")
+    assert _exit_reason(1, err, lim, elapsed_s=0.3) == "killed by a signal (unshare could not pass it on)"
+    assert _exit_reason(1, "Traceback\nValueError: x\n", lim, elapsed_s=9) == "exit status 1: ValueError: x"

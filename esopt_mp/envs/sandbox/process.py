@@ -149,17 +149,23 @@ class Running:
             t.join(timeout=2)
         rc, error = self.proc.returncode, self.error
         if error is None and rc != 0:
-            error = _exit_reason(rc, self.err.decode(errors="replace"), self.lim)
+            error = _exit_reason(rc, self.err.decode(errors="replace"), self.lim, time.monotonic() - self.start)
         return SandboxResult(self.out.decode(errors="replace"), self.err.decode(errors="replace"), rc,
                              time.monotonic() - self.start, error)
 
 
-def _exit_reason(rc: int, stderr: str, lim: SandboxLimits) -> str:
+def _exit_reason(rc: int, stderr: str, lim: SandboxLimits, elapsed_s: float = 0.0) -> str:
     import re
 
     lines = stderr.strip().splitlines()
     if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return f"cpu limit of {lim.cpu_s} s exceeded"
+    if rc == 1 and "unshare: sigprocmask unblock failed" in stderr:
+        # util-linux unshare --fork passes its child's fatal signal on by re-raising it; that step sometimes fails
+        # (EINVAL) and it exits 1 instead, so the signal is lost. Only the CPU limit kills after >= cpu_s.
+        if elapsed_s >= lim.cpu_s:
+            return f"cpu limit of {lim.cpu_s} s exceeded (killed by a signal unshare could not pass on)"
+        return "killed by a signal (unshare could not pass it on)"
     error = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
     setup = [l for l in lines if l.startswith("sandbox setup failed")]
     # the exception line, not whatever a crowd of dying processes printed last

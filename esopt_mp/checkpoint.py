@@ -22,7 +22,6 @@ replay).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import glob
 import json
 import logging

@@ -210,16 +210,19 @@ class Checkpointer:
             except _dcp_failure() as e:
                 err = _describe(e)
                 log.error("rank %d: writing the checkpoint of step %d failed: %s", self.dims.rank, step, err)
-        if self.dims.comm.any(err is not None):
+        if not self.dims.comm.any(err is not None) and self.dims.rank == 0:
+            try:  # rank 0's manifest and rename can fail too (disk full): the others must hear it, not hang
+                finalize(tmp, final, step, {"dp": self.dims.dp, "tp": self.dims.tp}, self.dims.tp, self.identity,
+                         updates)
+                prune_checkpoints(self.run_dir, self.keep, step)
+            except (OSError, ValueError) as e:
+                err = f"finalizing on rank 0: {type(e).__name__}: {e}"
+                log.error("%s", err)
+        if self.dims.comm.any(err is not None):  # one verdict for all ranks
             if self.dims.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(f"the checkpoint of step {step} was not written ({err or 'on another rank'}); "
                                   "the ledger holds every step, a rerun resumes from an older checkpoint")
-        if self.dims.rank == 0:
-            finalize(tmp, final, step, {"dp": self.dims.dp, "tp": self.dims.tp}, self.dims.tp, self.identity,
-                     updates)
-            prune_checkpoints(self.run_dir, self.keep, step)
-        self.dims.comm.barrier()
         return final
 
     def close(self) -> None:

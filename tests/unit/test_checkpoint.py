@@ -406,3 +406,21 @@ def test_poll_finalizes_a_finished_background_write_at_the_next_step(tmp_path):
     finally:
         ck.write_shards = real
         c.close()
+
+
+def test_a_failed_finalize_is_one_error_and_leaves_no_checkpoint(tmp_path, monkeypatch):
+    """Rank 0's manifest write failing (disk full) ends the save with CheckpointError on every rank (here: one)."""
+    c = ck.Checkpointer(str(tmp_path), DIMS, keep=0, async_save=False)
+
+    real = ck._write_json
+
+    def full(path, obj):
+        if path.endswith(ck.MANIFEST):
+            raise OSError(28, "No space left on device")
+        real(path, obj)
+
+    monkeypatch.setattr(ck, "_write_json", full)
+    c.save(1, perturber(full_state()))
+    with pytest.raises(ck.CheckpointError, match="step 1 was not written .*finalizing on rank 0: OSError"):
+        c.wait()
+    assert os.listdir(os.path.join(tmp_path, "ckpt")) == []

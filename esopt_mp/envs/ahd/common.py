@@ -7,6 +7,7 @@ or does can set its fitness; a malformed answer, an exception, a timeout or a li
 """
 from __future__ import annotations
 
+import abc
 import base64
 import dataclasses
 import json
@@ -141,11 +142,12 @@ class Result:
     details: dict = dataclasses.field(default_factory=dict)
 
 
-class Problem:
+class Problem(abc.ABC):
     """One heuristic-design problem: settings from ``data:ahd/settings``, instances from ``data:ahd/datasets``.
 
-    Subclasses set ``name``, ``fail_objective`` and ``limits`` and implement ``load`` (the instances of a split
-    file), ``run`` (the fitness of the function on instances, through a :class:`Caller`) and ``to_score``.
+    Subclasses set ``name``, ``sense`` and ``limits``, implement ``run`` (the fitness of the function on
+    instances, through a :class:`Caller`) and ``fail_objective``, and may override ``load`` (the instances of a
+    split file).
     """
 
     name = ""
@@ -240,14 +242,16 @@ class Problem:
     def line_cap(self, instances: list) -> int:
         return 1 << 20
 
+    @abc.abstractmethod
     def fail_objective(self, instances: list) -> float:
-        raise NotImplementedError
+        """The objective a failed candidate scores: worse than any valid answer on ``instances``."""
 
     def to_score(self, objective: float) -> float:
         return -objective if self.sense == "min" else objective
 
+    @abc.abstractmethod
     def run(self, call: Caller, instances: list, seed: int) -> tuple[float, dict]:
-        raise NotImplementedError
+        """(objective, details) of the candidate answering through ``call`` on ``instances``."""
 
 
 def dist_matrix(points: np.ndarray) -> np.ndarray:

@@ -25,7 +25,6 @@ import concurrent.futures
 import glob
 import json
 import logging
-import math
 import os
 import shutil
 import warnings
@@ -43,8 +42,8 @@ FORMAT = 2  # 1: per-tp-rank safetensors files (esopt_mp before DCP); such check
 # DCP warns on every single-process save/load that it assumes one process: that is the intent here (one writer)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 __all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "CheckpointMismatch", "CheckpointReadError",
-           "Checkpointer",
-           "save_checkpoint", "checkpoint_steps", "load_checkpoint_", "read_checkpoint", "prune_checkpoints", "replay_", "restore_run_"]
+           "Checkpointer", "dcp_metadata", "save_checkpoint", "checkpoint_steps", "load_checkpoint_",
+           "prune_checkpoints", "replay_", "restore_run_"]
 
 
 class CheckpointError(ValueError):
@@ -273,7 +272,7 @@ def check_checkpoint(path: str, files: list[str] | None = None, digest: bool = F
     return man
 
 
-def _metadata(path: str):
+def dcp_metadata(path: str):
     """DCP's metadata of a checked checkpoint (unreadable: CheckpointError)."""
     import torch.distributed.checkpoint as dcp
 
@@ -320,75 +319,6 @@ def prune_checkpoints(run_dir: str, keep: int, newest: int) -> list[str]:
     return removed
 
 
-def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) -> str:
-    """A checkpoint (any layout, any engine) + its base model directory -> a plain HF directory (safetensors).
-
-    The base directory's files, keys and layout, with every tensor the
-    checkpoint holds read whole through DCP (one base file at a time, cast to
-    ``dtype``); tensors ES did not touch are copied from the base. This is how
-    the vllm engine exports: canonical tensors, never vLLM's fused names.
-    """
-    import torch.distributed.checkpoint as dcp
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    check_checkpoint(path, digest=True)
-    saved = _metadata(path).state_dict_metadata
-    tmp = out_dir + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    used, total = set(), 0
-    for fname in sorted(os.listdir(base)):
-        src = os.path.join(base, fname)
-        if not fname.endswith(".safetensors"):
-            if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(tmp, fname))
-            continue
-        tensors, trained = {}, {}
-        with safe_open(src, "pt") as f:
-            for key in f.keys():
-                if key not in saved:  # untouched by ES: as the base has it
-                    tensors[key] = f.get_tensor(key).contiguous()
-                    continue
-                shape = tuple(f.get_slice(key).get_shape())  # the base's values are not needed
-                md = saved[key]
-                if tuple(md.size) != shape:
-                    raise CheckpointError(f"{path}: {key} saved with global shape {tuple(md.size)}, base has {shape}")
-                if sum(math.prod(c.sizes) for c in md.chunks) != math.prod(shape):
-                    raise CheckpointError(f"{path}: the saved chunks of {key} do not cover it")
-                trained[key] = torch.empty(shape, dtype=md.properties.dtype)
-        if trained:
-            dcp.load(trained, storage_reader=dcp.FileSystemReader(path), no_dist=True)
-            tensors.update({k: v.to(dtype).contiguous() for k, v in trained.items()})  # ES tensors, served dtype
-            used |= set(trained)
-        save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-    missing = sorted(set(saved) - used)
-    if missing:
-        raise CheckpointError(f"{path}: tensors {missing[:3]} are not in the base model {base}")
-    index = os.path.join(tmp, "model.safetensors.index.json")
-    if os.path.isfile(index):  # dtypes may have changed: keep the index's size right
-        with open(index) as f:
-            idx = json.load(f)
-        idx.setdefault("metadata", {})["total_size"] = total
-        with open(index, "w") as f:
-            json.dump(idx, f, indent=2)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
-    return out_dir
-
-
-def read_checkpoint(path: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a checked checkpoint, whole, as saved (for tools and tests; a 27B one needs the host memory)."""
-    import torch.distributed.checkpoint as dcp
-
-    check_checkpoint(path, digest=True)
-    out = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-           for k, md in _metadata(path).state_dict_metadata.items() if hasattr(md, "chunks")}
-    dcp.load(out, storage_reader=dcp.FileSystemReader(path), no_dist=True)
-    return out
-
-
 def check_identity(man: dict, path: str, identity: dict | None) -> None:
     """Refuse a checkpoint written under another configuration, naming what differs."""
     if identity is None or "config_hash" not in man or man["config_hash"] == identity["hash"]:
@@ -413,7 +343,7 @@ def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = No
     check_identity(man, path, identity)
     check_checkpoint(path, [DCP_METADATA], digest=True)  # before unpickling it
     try:
-        files = check_coverage(_metadata(path), perturber.shards, path)
+        files = check_coverage(dcp_metadata(path), perturber.shards, path)
     except ValueError as e:  # an intact checkpoint that is not of this model/selection/mesh: refuse, do not skip
         raise CheckpointMismatch(f"{e}; move {path} aside to resume from an older checkpoint or the ledger") from None
     check_checkpoint(path, sorted(files), digest=True)

@@ -444,7 +444,7 @@ class TrainConfig:
 
     def hash(self, model_dir: str | None = None) -> str:
         """Hash of what determines the weights (:meth:`identity_fields`); a requeue may change anything else."""
-        return hashlib.sha256(json.dumps(self.identity_fields(model_dir), sort_keys=True).encode()).hexdigest()[:16]
+        return _digest(self.identity_fields(model_dir))
 
     def identity(self, model_dir: str | None = None) -> dict:
         """{"hash": :meth:`hash`, "fields": the hashed settings as dotted keys}: stored so a refusal names them."""
@@ -459,7 +459,7 @@ class TrainConfig:
                 flat[prefix] = v
 
         walk("", d)
-        return {"hash": hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16], "fields": flat}
+        return {"hash": _digest(d), "fields": flat}
 
     def identity_fields(self, model_dir: str | None = None) -> dict:
         """What determines the weights, as a nested dict: a requeue may change anything else (layout, eval, paths).
@@ -533,6 +533,11 @@ class TrainConfig:
         elif where:
             d["model"]["name"] = where  # "builtin:<name>" or a hub id: a name, not a filesystem path
         return d
+
+
+def _digest(fields: dict) -> str:
+    """The config hash of a nested dict of hashed settings (16 hex digits of a SHA-256 of its sorted JSON)."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

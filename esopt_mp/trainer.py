@@ -23,7 +23,8 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps, export_checkpoint, restore_run_
+from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps, restore_run_
+from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.identity import diff_identity
 from esopt_mp.ledger import updates_digest
 from esopt_mp.config import TrainConfig

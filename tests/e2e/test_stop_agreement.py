@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from esopt_mp.checkpoint import read_checkpoint
+from esopt_mp.checkpoint_export import read_checkpoint
 from esopt_mp.parallel.spawn import free_port
 
 pytestmark = pytest.mark.slow

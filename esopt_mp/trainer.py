@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 
 from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps, restore_run_
 from esopt_mp.checkpoint_export import export_checkpoint
-from esopt_mp.identity import diff_identity
-from esopt_mp.ledger import updates_digest
 from esopt_mp.config import TrainConfig
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
+from esopt_mp.identity import diff_identity
+from esopt_mp.ledger import updates_digest
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
 from esopt_mp.models import build_shards, load_model, resolve_model_dir
 from esopt_mp.models.export import export_hf

@@ -117,14 +117,7 @@ class AgentObjective:
         """
         if render is None and self.context is not None:
             render = self.context.render
-        extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints} if self.cfg.name == "sudoku" else {}
-        if self.cfg.name == "webarena_lite":
-            extra = {"web": self.cfg.web}
-        elif self.cfg.name == "docvqa":
-            extra = {"docvqa": self.cfg.docvqa}
-        elif self.cfg.name == "heuristic":
-            extra = {"problem": self.cfg.problem}
-        envs = [make(self.cfg.name, max_turns=self.cfg.max_turns, sandbox=self.cfg.sandbox, **extra) for _ in tasks]
+        envs = [self._make_env(self.cfg.max_turns) for _ in tasks]
         # environments holding a browser each play at most env.web.max_browsers episodes at a time
         group = self._group(len(tasks))
         eps = []
@@ -153,6 +146,19 @@ class AgentObjective:
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
 
+    def _make_env(self, max_turns: int):
+        """A fresh environment of ``env.name`` with its own config section (each episode gets its own)."""
+        name, extra = self.cfg.name, {}
+        if name == "sudoku":
+            extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints}
+        elif name == "webarena_lite":
+            extra = {"web": self.cfg.web}
+        elif name == "docvqa":
+            extra = {"docvqa": self.cfg.docvqa}
+        elif name == "heuristic":
+            extra = {"problem": self.cfg.problem}
+        return make(name, max_turns=max_turns, sandbox=self.cfg.sandbox, **extra)
+
     def _follow(self, n: int, cfg) -> None:
         """A TP peer's side of :meth:`play` for ``n`` episodes: one follow per batch the leader plays."""
         for _ in range(-(-n // self._group(n))):
@@ -173,10 +179,9 @@ class AgentObjective:
     def score_program(self, code: str, step: int = 0) -> float | None:
         """Mean score of ``code`` over step ``step``'s tasks, evaluated as an episode's reply is (same environment,
         same sandbox); None if it fails on any. No model runs: the seed heuristic's fitness, outside the budget."""
-        extra = {"problem": self.cfg.problem} if self.cfg.name == "heuristic" else {}
         scores = []
         for task in self.step_tasks(step):
-            env = make(self.cfg.name, max_turns=1, sandbox=self.cfg.sandbox, **extra)
+            env = self._make_env(1)
             env.reset(task)
             info = env.step(f"```python\n{code.rstrip()}\n```")[4]
             close = getattr(env, "close", None)

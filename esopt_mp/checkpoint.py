@@ -328,10 +328,13 @@ def check_identity(man: dict, path: str, identity: dict | None) -> None:
                              "use that run's config, or a new run.dir")
 
 
-def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = None) -> None:
+def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = None,
+                     updates: str | None = None) -> None:
     """Load this rank's boxes from a checkpoint saved at any dp x tp layout (DCP reads only the chunks needed).
 
-    Every check (manifest, identity, names, global shapes, coverage of each
+    ``updates``: this ledger's :func:`~esopt_mp.ledger.updates_digest` up to the
+    checkpoint's step; another run's checkpoint is refused as a CheckpointError.
+    Every check (manifest, identity, ledger tie, names, global shapes, coverage of each
     box by the saved chunks, SHA-256 of the files this rank reads) runs before
     any weight is written; failures raise :class:`CheckpointError` (or
     :class:`CheckpointMismatch`) and leave the weights untouched. No collective:
@@ -341,6 +344,10 @@ def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = No
 
     man = check_checkpoint(path)
     check_identity(man, path, identity)
+    tie = man.get("updates_sha256")
+    if updates and tie and tie != updates:
+        raise CheckpointError(f"{path} was written by another run's ledger (its updates differ from this run's "
+                              f"first {man['step']} steps)")
     check_checkpoint(path, [DCP_METADATA], digest=True)  # before unpickling it
     try:
         files = check_coverage(dcp_metadata(path), perturber.shards, path)
@@ -377,11 +384,7 @@ def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpo
     done, dirty = 0, None
     for step, path in reversed(checkpoint_steps(run_dir, len(entries)) if use_checkpoint else []):
         try:
-            tie = check_checkpoint(path).get("updates_sha256")
-            if tie and tie != updates_digest(entries[:step]).hexdigest()[:16]:
-                raise CheckpointError(f"{path} was written by another run's ledger (its updates differ from this "
-                                      f"run's first {step} steps)")
-            load_checkpoint_(path, perturber, dims, identity)
+            load_checkpoint_(path, perturber, dims, identity, updates_digest(entries[:step]).hexdigest()[:16])
         except CheckpointError as e:
             log.warning("checkpoint of step %d not loaded, trying an older one: %s", step, e)
             if isinstance(e, CheckpointReadError):

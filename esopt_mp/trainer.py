@@ -103,18 +103,21 @@ class ESTrainer:
         if cfg.prompt.optimiser != "none":
             from esopt_mp.prompt.run import ContextRun
 
-            ref, hooks, fit = "", None, None
+            ref, hooks, fit, thought = "", None, None, ""
             if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
                 hooks = self.objective.skill_hooks(cfg.prompt.skill)
             else:
                 from esopt_mp.envs import ahd
 
-                ref = ahd.get(cfg.env.problem).reference()
+                problem = ahd.get(cfg.env.problem)
+                ref = problem.reference()
+                thought = getattr(problem, "prompts", {}).get("func_desc", "")  # the settings' description of it
                 self.objective.fixed_task = True  # fitness compared across programs: one instance set for all
                 # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
                 fit = self.objective.score_program(ref)
                 log.info("seed program fitness %s (evaluated once, not counted in the budget)", fit)
-            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit)
+            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit,
+                                      seed_thought=thought)
             self.objective.context = self.context
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)

@@ -95,7 +95,7 @@ class AgentObjective:
         self.eval_round = 0  # evaluations this process ran: a trajectory tag only, never a seed (not checkpointed)
         self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
         self.last_eval: dict = {}  # the last held-out evaluation: Mean@k, Pass@k, thresholded accuracy
-        self.context = None  # a context run (esopt_mp/prompt/run.py): its render(seed) joins each system prompt
+        self.context = None  # a context run (esopt_mp/prompt/run.py): its render(seed, slot) joins each system prompt
         self.trajectories: list = []  # the training episodes of the current step, for the context optimiser
 
     def _play(self, tasks, seeds, cfg, render=None, failed_as_zero=False, **tags) -> tuple[float, int]:
@@ -112,19 +112,21 @@ class AgentObjective:
     def play(self, tasks, seeds, cfg, render=None, **tags) -> list:
         """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file.
 
-        ``render``: seed -> the context text of that episode, instead of the context run's current one (a
-        candidate skill under validation); ``tags["context"]`` then names it in the trajectories file.
+        ``render``: (seed, slot) -> the context text of that episode, instead of the context run's current one (a
+        candidate skill under validation); ``tags["context"]`` then names it in the trajectories file. An episode's
+        slot is member * episodes_per_step + its index for training episodes, else its index.
         """
         if render is None and self.context is not None:
             render = self.context.render
         envs = [self._make_env(self.cfg.max_turns) for _ in tasks]
         # environments holding a browser each play at most env.web.max_browsers episodes at a time
         group = self._group(len(tasks))
+        base = tags["member"] * len(tasks) if tags.get("kind") == "train" and "member" in tags else 0
         eps = []
         try:
             for a in range(0, len(tasks), group):
                 b = a + group
-                ctx = [render(s) for s in seeds[a:b]] if render is not None else None
+                ctx = [render(s, base + a + i) for i, s in enumerate(seeds[a:b])] if render is not None else None
                 eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, self.dims, ctx)
         finally:
             for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
@@ -142,7 +144,8 @@ class AgentObjective:
 
                 parser = build_parser("any")
                 extract = lambda text: extract_code(text, parser)  # noqa: E731
-            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract) for e in eps]
+            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract, base + i)
+                                  for i, e in enumerate(eps)]
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
 
@@ -287,7 +290,7 @@ class AgentObjective:
         total, count = 0.0, 0
         if mine:
             total, count = self._play([tasks[i] for i in mine], [seeds[i] for i in mine], self.eval_cfg,
-                                      render=lambda s: text, failed_as_zero=True, kind="skill_val", step=step,
+                                      render=lambda s, slot: text, failed_as_zero=True, kind="skill_val", step=step,
                                       context=context_hash(text))  # a skill that makes episodes fail must lose
         stats = self.dims.comm.all_reduce(torch.tensor([total, count], dtype=torch.float64), "sum", "world")
         return stats[0].item() / stats[1].item() if stats[1].item() else math.nan

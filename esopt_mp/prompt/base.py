@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import re
 from typing import Protocol
 
 CONTEXTS = "contexts"  # run.dir/contexts/<hash>.txt: every context version, written once
@@ -22,6 +23,7 @@ class Program:
     code: str
     score: float
     error: str | None = None
+    thought: str = ""  # the reply's one-sentence description of the heuristic (EoH's "algorithm"); '' if none
 
     @property
     def valid(self) -> bool:
@@ -37,24 +39,69 @@ class Trajectory:
     programs: list[Program] = dataclasses.field(default_factory=list)
     member: int = -1
     feedback: list[str] = dataclasses.field(default_factory=list)  # per turn: the environment's reply messages
+    slot: int = -1  # the episode's place in its step (member * episodes_per_step + episode); -1: not a training one
 
     @classmethod
-    def from_turns(cls, ret: float, turns: list[dict], member: int = -1, extract=None) -> "Trajectory":
+    def from_turns(cls, ret: float, turns: list[dict], member: int = -1, extract=None,
+                   slot: int = -1) -> "Trajectory":
         """From an agent episode's turns: a turn whose info carries a ``score`` evaluated one program.
 
         The program is ``info["code"]`` if the environment reports it, else ``extract(response)`` (the
-        environment's own code extraction, so the text is exactly what it evaluated).
+        environment's own code extraction, so the text is exactly what it evaluated); its thought is the
+        braced description the reply gave before that code (:func:`extract_thought`).
         """
         progs = []
         for t in turns:
             info = t.get("info") or {}
             if "score" in info:
                 s = info["score"]
-                code = info.get("code") or (extract(t.get("response", "")) if extract else None) or ""
-                progs.append(Program(code, float(s) if s is not None else math.nan, info.get("error")))
+                text = t.get("response", "")
+                code = info.get("code") or (extract(text) if extract else None) or ""
+                progs.append(Program(code, float(s) if s is not None else math.nan, info.get("error"),
+                                     extract_thought(text, code)))
         feedback = ["\n".join(str(m.get("content") or "") for m in (t.get("messages") or []) if isinstance(m, dict))
                     for t in turns]
-        return cls(ret, [t.get("response", "") for t in turns], progs, member, feedback)
+        return cls(ret, [t.get("response", "") for t in turns], progs, member, feedback, slot)
+
+
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+THOUGHT_CHARS = 600  # a thought rides in every later operator prompt that picks its program: bounded
+
+
+def extract_thought(text: str, code: str = "") -> str:
+    """The description in braces that ``text`` gives before its program ``code`` ('' if none).
+
+    EoH asks for the new heuristic in one sentence inside braces, then its code. Only the text before the code
+    is read: before the fenced block holding ``code`` (else before ``code`` itself, else before the first fence),
+    with other fenced blocks removed, so braces inside code (dicts, sets, f-strings) never count, nor do JSON
+    objects (a tool call: ``{"...``). Of the remaining top-level brace groups the last one, nearest the code,
+    whitespace-collapsed and cut to ``THOUGHT_CHARS``.
+    """
+    text = text or ""
+    blocks = list(_FENCE.finditer(text))
+    mine = [m for m in blocks if code and m.group(1).strip() == code.strip()]
+    if mine:
+        cut = mine[-1].start()
+    elif code and code.strip() and code.strip() in text:
+        cut = text.index(code.strip())
+    else:
+        cut = blocks[0].start() if blocks else len(text)
+    prefix = _FENCE.sub(" ", text[:cut]).split("```")[0]  # an unclosed fence opens code too
+    groups, depth, start = [], 0, 0
+    for i, ch in enumerate(prefix):
+        if ch == "{":
+            if depth == 0:
+                start = i + 1
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                groups.append(prefix[start:i])
+    for g in reversed(groups):
+        g = " ".join(g.split())
+        if g and not g.startswith('"'):
+            return g[:THOUGHT_CHARS]
+    return ""
 
 
 class ContextOptimiser(Protocol):
@@ -66,8 +113,10 @@ class ContextOptimiser(Protocol):
 
     def update(self, trajectories: list[Trajectory], context: str, step: int) -> str: ...
 
-    def render(self, context: str, seed: int) -> str:
-        """The text injected into the system prompt of the episode seeded ``seed`` ('' injects nothing)."""
+    def render(self, context: str, seed: int, slot: int) -> str:
+        """The text injected into the system prompt of the episode seeded ``seed`` ('' injects nothing); ``slot``:
+        the episode's place in its step (member * episodes_per_step + episode; held-out episodes: their index),
+        so an optimiser can share a step's episodes out among its prompts (EoH's operators)."""
         ...
 
 

@@ -26,13 +26,14 @@ MODES = ("joint", "alternate", "prompt_only")
 
 class ContextRun:
     def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0, hooks: dict | None = None,
-                 seed_fitness: float | None = None):
+                 seed_fitness: float | None = None, seed_thought: str = ""):
         """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem ('' for
         optimisers that need none); ``hooks``: the run's proposer / validation callables (skill synthesis);
-        ``seed_fitness``: the seed program's fitness, evaluated once before the run (outside the program budget)."""
+        ``seed_fitness``: the seed program's fitness, evaluated once before the run (outside the program budget);
+        ``seed_thought``: the seed program's description (heuristic search; '' gives a fixed text)."""
         self.cfg = cfg
         self.seed_fitness = seed_fitness
-        self.optimiser = build_optimiser(cfg, reference, hooks, run_dir, rank, seed_fitness)
+        self.optimiser = build_optimiser(cfg, reference, hooks, run_dir, rank, seed_fitness, seed_thought)
         self.store = ContextStore(run_dir, write=rank == 0)
         self.text = self.optimiser.initial()
         self.hash = self.store.put(self.text)
@@ -49,8 +50,9 @@ class ContextRun:
             return t % 2 == 1
         return (t + 1) % self.cfg.every == 0
 
-    def render(self, seed: int) -> str:
-        return self.optimiser.render(self.text, seed)
+    def render(self, seed: int, slot: int) -> str:
+        """The context text of the episode seeded ``seed`` in ``slot`` (member * episodes_per_step + episode)."""
+        return self.optimiser.render(self.text, seed, slot)
 
     def restore(self, entries: list[dict]) -> None:
         """The context after the ledger's last step, read from the store (not recomputed)."""

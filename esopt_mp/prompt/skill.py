@@ -73,7 +73,7 @@ class SkillSynthesis:
     def initial(self) -> str:
         return self.start
 
-    def render(self, context: str, seed: int) -> str:
+    def render(self, context: str, seed: int, slot: int) -> str:
         return context
 
     def prompt(self, context: str, batch: list[Trajectory]) -> str:

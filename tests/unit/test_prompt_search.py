@@ -31,9 +31,9 @@ def test_trajectory_counts_every_evaluated_turn():
 def test_sample_keeps_the_best_valid_program_and_injects_nothing():
     s = SampleSearch(REF)
     ctx = s.initial()
-    assert s.best(ctx)["code"] == REF and s.render(ctx, 7) == ""
+    assert s.best(ctx)["code"] == REF and s.render(ctx, 7, 0) == ""
     ctx = s.update([_traj(("bad", 9.0, "boom"), ("a", -2.0, None)), _traj(("b", -1.0, None))], ctx, 0)
-    assert s.best(ctx) == {"code": "b", "fitness": -1.0, "op": "sample@0"}
+    assert s.best(ctx) == {"code": "b", "fitness": -1.0, "op": "sample@0", "thought": ""}
     same = s.update([_traj(("c", -1.0, None), ("d", math.nan, None))], ctx, 1)
     assert same == ctx  # a tie keeps the incumbent; NaN never enters
 
@@ -52,10 +52,10 @@ def test_eoh_selects_by_fitness_dedupes_and_keeps_its_size():
 def test_eoh_prompts_are_seeded_and_use_the_population():
     e = EoHSearch(REF, size=4)
     one = e.initial()
-    assert all(("one heuristic" in e.render(one, s)) for s in range(20))  # one individual: mutation only
+    assert all(("one heuristic" in e.render(one, s, s)) for s in range(20))  # one individual: mutation only
     ctx = e.update([_traj(("def f(x):\n    return 2 * x\n", -1.0, None))], one, 0)
-    prompts = [e.render(ctx, s) for s in range(40)]
-    assert prompts == [e.render(ctx, s) for s in range(40)]
+    prompts = [e.render(ctx, s, s) for s in range(40)]
+    assert prompts == [e.render(ctx, s, s) for s in range(40)]
     assert any("I have 2 existing heuristics" in p for p in prompts) and any("one heuristic" in p for p in prompts)
     assert all("return 2 * x" in p or "return x" in p for p in prompts)
 

@@ -248,3 +248,25 @@ def test_heuristic_search_scores_every_program_on_the_same_instances(tmp_path, f
     tr.close()
     first = tasks[0][0]
     assert all(t is first for step in tasks for t in step) and len(tasks[0]) == 2
+
+
+def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env):
+    """Each training episode renders with its slot (member * episodes_per_step + episode); the operator of a
+    slot is both the prompt it played and the op its offspring records."""
+    from esopt_mp.prompt.search import SEED_THOUGHT, operator
+
+    t = _trainer(_cfg(tmp_path, mode="prompt_only"))
+    assert json.loads(t.context.text)["population"][0]["thought"] == SEED_THOUGHT  # bpp_online: no settings
+    seen, render = [], t.context.render
+    t.context.render = lambda seed, slot: seen.append((slot, render(seed, slot))) or seen[-1][1]
+    t.step(0)
+    trajs = t._step_trajectories()
+    pop = json.loads(t.context.text)["population"]
+    t.close()
+    assert sorted(s for s, _ in seen) == list(range(8)) == [tr.slot for tr in trajs]  # 4 members x 2 episodes
+    assert [tr.member for tr in trajs] == [m for m in range(4) for _ in range(2)]
+    for slot, text in seen:  # one individual rendered: m1 and m2 alternate
+        assert ("modified version" in text) == (operator(1, slot) == "m1") and "inside braces" in text
+    made = {p.code: operator(1, tr.slot) for tr in trajs for p in tr.programs}
+    kids = [p for p in pop if p["op"] != "seed"]
+    assert kids and all(p["op"] == f"{made[p['code']]}@0" and "thought" in p for p in kids)

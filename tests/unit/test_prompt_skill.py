@@ -258,3 +258,17 @@ def test_a_proposer_answering_all_batches_at_once_is_asked_once_and_no_trajector
     new = opt.update(TRAJ, opt.initial(), 2)
     assert p.calls == [(2, 2)] and parse_skill(new)[1]["Pitfalls"][-2:] == ["- from batch 0", "- from batch 1"]
     assert opt.update([], new, 3) == new and p.calls == [(2, 2)] and opt.last["batches"] == 0
+
+
+def test_a_fence_inside_a_json_string_does_not_cut_the_block_and_an_unclosed_block_is_recorded():
+    """The block closes at the first line that is only ```; a ``` inside a text is content, the edits after it
+    stand. An unclosed block (a proposal cut by its token budget) is read to the end, with a recorded reason."""
+    first = {"op": "insert", "section": "Pitfalls", "text": "wrap code in ``` fences"}
+    second = {"op": "insert", "section": "Strategy", "text": "- then run it"}
+    edits, drops = parse_edits(block(first, second) + "\n```edits\n" + json.dumps(second) + "\n```\n")
+    assert [e.text for e in edits] == ["wrap code in ``` fences", "- then run it"] and drops == []
+    cut = "```edits\n" + json.dumps(first) + "\n" + json.dumps(second) + "\n{\"op\": \"ins"
+    edits, drops = parse_edits(cut, batch=1)
+    assert [e.text for e in edits] == ["wrap code in ``` fences", "- then run it"]
+    assert [d["reason"].split(":")[0] for d in drops] == ["the ```edits block is not closed", "not JSON"]
+    assert all(d["batch"] == 1 for d in drops)

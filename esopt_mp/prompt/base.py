@@ -37,9 +37,11 @@ class Trajectory:
     programs: list[Program] = dataclasses.field(default_factory=list)
     member: int = -1
     feedback: list[str] = dataclasses.field(default_factory=list)  # per turn: the environment's reply messages
+    step: int = -1  # the training step that played it (-1: unknown; pending sets stored before the field)
 
     @classmethod
-    def from_turns(cls, ret: float, turns: list[dict], member: int = -1, extract=None) -> "Trajectory":
+    def from_turns(cls, ret: float, turns: list[dict], member: int = -1, extract=None,
+                   step: int = -1) -> "Trajectory":
         """From an agent episode's turns: a turn whose info carries a ``score`` evaluated one program.
 
         The program is ``info["code"]`` if the environment reports it, else ``extract(response)`` (the
@@ -54,7 +56,7 @@ class Trajectory:
                 progs.append(Program(code, float(s) if s is not None else math.nan, info.get("error")))
         feedback = ["\n".join(str(m.get("content") or "") for m in (t.get("messages") or []) if isinstance(m, dict))
                     for t in turns]
-        return cls(ret, [t.get("response", "") for t in turns], progs, member, feedback)
+        return cls(ret, [t.get("response", "") for t in turns], progs, member, feedback, step)
 
 
 class ContextOptimiser(Protocol):

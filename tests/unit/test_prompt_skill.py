@@ -104,7 +104,7 @@ def _opt(answers, scores, tmp_path=None, batch=2):
     """scores: skill text -> held-out return (the validation callable, counted)."""
     calls = []
 
-    def validate(text, step):
+    def validate(text, step, steps):
         calls.append(context_hash(text))
         return scores(text)
 
@@ -254,7 +254,7 @@ def test_a_proposer_answering_all_batches_at_once_is_asked_once_and_no_trajector
                     range(len(prompts))]
 
     p = Many()
-    opt = SkillSynthesis(p, lambda text, step: 1.0, batch=3, initial=SKILL)
+    opt = SkillSynthesis(p, lambda text, step, steps: 1.0, batch=3, initial=SKILL)
     new = opt.update(TRAJ, opt.initial(), 2)
     assert p.calls == [(2, 2)] and parse_skill(new)[1]["Pitfalls"][-2:] == ["- from batch 0", "- from batch 1"]
     assert opt.update([], new, 3) == new and p.calls == [(2, 2)] and opt.last["batches"] == 0

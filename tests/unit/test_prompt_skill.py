@@ -272,3 +272,20 @@ def test_a_fence_inside_a_json_string_does_not_cut_the_block_and_an_unclosed_blo
     assert [e.text for e in edits] == ["wrap code in ``` fences", "- then run it"]
     assert [d["reason"].split(":")[0] for d in drops] == ["the ```edits block is not closed", "not JSON"]
     assert all(d["batch"] == 1 for d in drops)
+
+
+def test_trajectories_carry_their_step_and_pending_sets_stored_before_the_field_still_load(tmp_path):
+    import dataclasses
+    import types
+
+    from esopt_mp.prompt import ContextStore
+    from esopt_mp.prompt.run import ContextRun
+
+    store = ContextStore(str(tmp_path))
+    old = [{"ret": 0.5, "responses": ["r"], "programs": [{"code": "c", "score": 1.0, "error": None}], "member": 2,
+            "feedback": ["fb"]}]
+    new = Trajectory.from_turns(0.25, [{"response": "x", "info": {"score": 0.25, "code": "c"}}], member=1, step=3)
+    loaded = ContextRun._load(types.SimpleNamespace(store=store), store.put(json.dumps(old)))
+    again = ContextRun._load(types.SimpleNamespace(store=store), store.put(json.dumps([dataclasses.asdict(new)])))
+    assert (loaded[0].step, loaded[0].member, loaded[0].programs[0].score) == (-1, 2, 1.0)
+    assert again == [new] and new.step == 3

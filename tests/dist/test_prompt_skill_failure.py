@@ -45,8 +45,8 @@ def _worker(rank, world, dp, tp, run_dir, out):
     try:
         tr.step(0)
         got = {"msg": None}
-    except RuntimeError as e:
-        got = {"msg": str(e), "raised": time.time()}
+    except Exception as e:  # every rank reports what it raised (before: rank 0 its own error, the rest waited)
+        got = {"msg": f"{type(e).__name__}: {e}"[:300], "raised": time.time()}
     tr.close()
     with open(f"{out}.{rank}", "w") as f:
         json.dump({**got, "failed_at": failed_at[:1]}, f)
@@ -56,7 +56,7 @@ def _worker(rank, world, dp, tp, run_dir, out):
 def test_a_failed_policy_proposal_raises_on_every_rank_at_once(tmp_path, dp, tp):
     run_world(2, _worker, dp, tp, str(tmp_path / "run"), str(tmp_path / "out"), timeout=60)
     got = [json.load(open(tmp_path / f"out.{r}")) for r in range(2)]
-    want = f"prompt.skill.proposer=policy: the proposal of step 0 failed on rank 0: ValueError: {BROKEN}"
+    want = f"RuntimeError: prompt.skill.proposer=policy: the proposal of step 0 failed on rank 0: ValueError: {BROKEN}"
     assert [g["msg"] for g in got] == [want, want]
     assert got[0]["failed_at"] and not got[1]["failed_at"]  # rank 0 (dp group 0's TP leader) generated alone
     lag = max(g["raised"] for g in got) - got[0]["failed_at"][0]

@@ -237,8 +237,8 @@ class AgentObjective:
         return mean
 
     def skill_hooks(self, cfg) -> dict:
-        """``proposer(prompt, step, batch)`` and ``validate(text, step, steps)`` for prompt.optimiser=skill (``cfg``: the
-        prompt.skill section), both on the run's unperturbed model: the trainer updates the context after every
+        """``proposer(prompt, step, batch)`` and ``validate(text, step, steps)`` for prompt.optimiser=skill (``cfg``:
+        the prompt.skill section), both on the run's unperturbed model: the trainer updates the context after every
         member restored its weights.
 
         The proposal is made once, by dp group 0 (policy: its TP leader with its peers following) or rank 0

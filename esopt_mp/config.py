@@ -453,8 +453,8 @@ class TrainConfig:
             d.pop("prompt")
         elif d["prompt"]["optimiser"] != "skill":  # sample / eoh runs keep the hash they had before prompt.skill
             d["prompt"].pop("skill")
-        else:  # which variable holds the key, not what the endpoint answers
-            d["prompt"]["skill"].pop("key_env")
+        else:  # which variable holds the key and how long a request may take, not what the endpoint answers
+            d["prompt"]["skill"].pop("key_env"), d["prompt"]["skill"].pop("timeout_s")
         if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash
             d["env"].pop("problem")
         if not self.env.max_episode_tokens:  # no budget: runs from before the field keep their hash

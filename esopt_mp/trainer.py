@@ -143,10 +143,10 @@ class ESTrainer:
         except LedgerError as e:
             raise LedgerError(f"{e}{self._what_differs()}") from None
         self._updates = updates_digest(entries)  # extended every step; checkpoints record it
+        if self.context is not None:  # the context after the last step, from run.dir/contexts (none: the initial)
+            self.context.restore(entries)
         if not entries:
             return 0
-        if self.context is not None:
-            self.context.restore(entries)  # the context after the last step, from run.dir/contexts
         done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries,
                                                  identity=self.identity)
         log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)

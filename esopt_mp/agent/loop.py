@@ -184,11 +184,17 @@ def inject_context(messages: list[dict], context: str) -> list[dict]:
 def generate_texts(engine: HFEngine, messages: list[list[dict]], seeds: list[int], sampling: SamplingParams,
                    dims=None) -> list[str]:
     """One reply to each conversation opening, generated as one batch on the TP leader (its peers join through
-    :func:`follow_episodes`); conversation i samples with ``seeds[i]``."""
+    :func:`follow_episodes`); conversation i samples with ``seeds[i]``. If it raises before the peers' forward
+    passes (a tokenizer error, say), the follow is ended first, so the peers return instead of waiting for the
+    next message until the collective timeout; a failure inside the sharded forward leaves them in it."""
     chan = TPChannel(dims)
-    convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
+    try:
+        convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
+        ids = [_encode(engine.tokenizer, opening_text(m)) for m in messages]
+    except Exception:
+        chan.send(("end",))  # the peers wait in follow_episodes: release them
+        raise
     chan.send(("new", list(seeds)))
-    ids = [_encode(engine.tokenizer, opening_text(m)) for m in messages]
     live = list(range(len(convs)))
     chan.send(("gen", live, ids, None))
     gens = engine.generate(convs, ids, sampling)

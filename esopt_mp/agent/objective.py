@@ -144,8 +144,8 @@ class AgentObjective:
 
                 parser = build_parser("any")
                 extract = lambda text: extract_code(text, parser)  # noqa: E731
-            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract, base + i)
-                                  for i, e in enumerate(eps)]
+            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract, base + i,
+                                                        tags.get("step", -1)) for i, e in enumerate(eps)]
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
 
@@ -239,18 +239,22 @@ class AgentObjective:
         return mean
 
     def skill_hooks(self, cfg) -> dict:
-        """``proposer(prompt, step, batch)`` and ``validate(text, step)`` for prompt.optimiser=skill (``cfg``: the
-        prompt.skill section), both on the run's unperturbed model: the trainer updates the context after every
+        """``proposer(prompt, step, batch)`` and ``validate(text, step, steps)`` for prompt.optimiser=skill (``cfg``:
+        the prompt.skill section), both on the run's unperturbed model: the trainer updates the context after every
         member restored its weights.
 
         The proposal is made once, by dp group 0 (policy: its TP leader with its peers following) or rank 0
         (endpoint), sampled with the seed (run seed, step, batch), and broadcast: every rank merges the same edits.
+        If the policy's generation raises on the leader (out of memory, a tokenizer error), its TP peers are
+        released from their follow (:func:`generate_texts` ends it) and an error marker is broadcast instead of
+        the texts, so every rank raises the same error at once rather than waiting out ``parallel.timeout_s``.
         """
         endpoint = None
         if cfg.proposer == "endpoint":
             from esopt_mp.prompt.proposers import EndpointProposer
 
-            endpoint = EndpointProposer(cfg.url, cfg.model, cfg.key_env, cfg.max_new_tokens, cfg.temperature)
+            endpoint = EndpointProposer(cfg.url, cfg.model, cfg.key_env, cfg.max_new_tokens, cfg.temperature,
+                                        cfg.timeout_s)
         sampling = dataclasses.replace(self.train_cfg.sampling, max_new_tokens=cfg.max_new_tokens,
                                        temperature=cfg.temperature, stop=())
         dims = self.dims
@@ -258,29 +262,39 @@ class AgentObjective:
         def ask(prompts: list[str], step: int, batches: list[int]) -> list[str]:
             """Batch b's proposal for its prompt, all at once: one generation batch, or concurrent requests."""
             seeds = [stream_seed(self.run_seed, "skill", step, b) for b in batches]
-            texts = None
-            if endpoint is not None and dims.rank == 0:
-                with ThreadPoolExecutor(max_workers=min(8, len(prompts))) as pool:
-                    texts = list(pool.map(lambda a: _ask(endpoint, *a, step), zip(prompts, seeds, batches)))
-            elif endpoint is None and dims.dp_rank == 0:
-                if dims.is_tp_leader:
-                    texts = generate_texts(self.engine, [[{"role": "user", "content": p}] for p in prompts], seeds,
-                                           sampling, dims)
-                else:
-                    follow_episodes(self.engine, AgentConfig(sampling=sampling), dims)
-            return dims.comm.broadcast_object(texts, src=0, dim="world")
+            texts, mine = None, None
+            try:
+                if endpoint is not None and dims.rank == 0:
+                    with ThreadPoolExecutor(max_workers=min(8, len(prompts))) as pool:
+                        texts = list(pool.map(lambda a: _ask(endpoint, *a, step), zip(prompts, seeds, batches)))
+                elif endpoint is None and dims.dp_rank == 0:
+                    if dims.is_tp_leader:
+                        texts = generate_texts(self.engine, [[{"role": "user", "content": p}] for p in prompts],
+                                               seeds, sampling, dims)
+                    else:
+                        follow_episodes(self.engine, AgentConfig(sampling=sampling), dims)
+            except Exception as e:  # on rank 0 the marker replaces the texts; any rank still joins the broadcast
+                log.exception("skill proposal of step %d failed on rank %d", step, dims.rank)
+                texts = mine = {"error": f"{type(e).__name__}: {e}", "rank": dims.rank}
+            got = dims.comm.broadcast_object(texts, src=0, dim="world")
+            failed = got if isinstance(got, dict) else mine
+            if failed is not None:
+                raise RuntimeError(f"prompt.skill.proposer={cfg.proposer}: the proposal of step {step} failed on "
+                                   f"rank {failed['rank']}: {failed['error']}")
+            return got
 
         return {"proposer": Proposer(ask),
-                "validate": lambda text, step: self.validate_context(text, step, cfg.val_tasks)}
+                "validate": lambda text, step, steps=(): self.validate_context(text, step, cfg.val_tasks, steps)}
 
-    def validate_context(self, text: str, step: int, n: int) -> float:
-        """Mean return of ``n`` training tasks the step did not play (fewer left: any), played with ``text`` as
-        the context; seeds from (run seed, step), so two contexts validated at one step meet the same episodes.
+    def validate_context(self, text: str, step: int, n: int, steps=()) -> float:
+        """Mean return of ``n`` training tasks that neither ``step`` nor ``steps`` played (every step whose
+        trajectories the proposer read; fewer left: any), played with ``text`` as the context; seeds from (run
+        seed, step), so two contexts validated at one step meet the same episodes.
         The episodes are spread over the dp groups and summed (one all-reduce), like held-out evaluation; a failed
         episode scores 0, as there."""
         from esopt_mp.prompt import context_hash
 
-        played = {id(t) for t in self.step_tasks(step)}
+        played = {id(t) for s in {step, *steps} for t in self.step_tasks(s)}
         rest = [t for t in self.train_tasks if id(t) not in played]
         pool = rest if len(rest) >= n else self.train_tasks
         rng = random.Random(stream_seed(self.run_seed, "skill_val", step))

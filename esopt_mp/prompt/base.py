@@ -40,10 +40,11 @@ class Trajectory:
     member: int = -1
     feedback: list[str] = dataclasses.field(default_factory=list)  # per turn: the environment's reply messages
     slot: int = -1  # the episode's place in its step (member * episodes_per_step + episode); -1: not a training one
+    step: int = -1  # the training step that played it (-1: unknown; pending sets stored before the field)
 
     @classmethod
     def from_turns(cls, ret: float, turns: list[dict], member: int = -1, extract=None,
-                   slot: int = -1) -> "Trajectory":
+                   slot: int = -1, step: int = -1) -> "Trajectory":
         """From an agent episode's turns: a turn whose info carries a ``score`` evaluated one program.
 
         The program is ``info["code"]`` if the environment reports it, else ``extract(response)`` (the
@@ -61,7 +62,7 @@ class Trajectory:
                                      extract_thought(text, code)))
         feedback = ["\n".join(str(m.get("content") or "") for m in (t.get("messages") or []) if isinstance(m, dict))
                     for t in turns]
-        return cls(ret, [t.get("response", "") for t in turns], progs, member, feedback, slot)
+        return cls(ret, [t.get("response", "") for t in turns], progs, member, feedback, slot, step)
 
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)

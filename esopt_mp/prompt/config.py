@@ -31,6 +31,8 @@ class SkillConfig:
     max_new_tokens: int = 256  # policy: tokens of one proposal
     temperature: float = 0.7  # proposal sampling temperature
     initial: str = ""  # path of the starting SKILL.md ('': a template with ## Strategy and ## Pitfalls)
+    max_chars: int = 4000  # a candidate SKILL.md longer than this is rejected unvalidated (it joins every prompt)
+    timeout_s: float = 120.0  # endpoint: seconds one request may take (a failed request proposes no edits)
 
     def validate(self, key: str = "prompt.skill") -> None:
         _check(self.proposer in SKILL_PROPOSERS, f"{key}.proposer",
@@ -45,6 +47,9 @@ class SkillConfig:
         _check(self.max_new_tokens >= 1, f"{key}.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         _check(math.isfinite(self.temperature) and self.temperature >= 0, f"{key}.temperature",
                f"must be finite and >= 0, got {self.temperature}")
+        _check(self.max_chars >= 200, f"{key}.max_chars", f"must be >= 200 characters, got {self.max_chars}")
+        _check(math.isfinite(self.timeout_s) and self.timeout_s > 0, f"{key}.timeout_s",
+               f"must be a finite number of seconds > 0, got {self.timeout_s}")
         _check(not self.initial or os.path.isfile(self.initial), f"{key}.initial",
                f"no such file: {self.initial!r}")
 PROMPT_MODES = ("joint", "alternate", "prompt_only")

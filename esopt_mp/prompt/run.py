@@ -55,19 +55,20 @@ class ContextRun:
         return self.optimiser.render(self.text, seed, slot)
 
     def restore(self, entries: list[dict]) -> None:
-        """The context after the ledger's last step, read from the store (not recomputed)."""
-        if not entries:
-            return
-        first = entries[0].get("context")
+        """The context after the ledger's last step, read from the store (not recomputed). Called with an empty
+        ledger too: the optimiser may still have to trim its own records of a step the ledger never got."""
+        first = entries[0].get("context") if entries else self.initial_hash
         if first != self.initial_hash:
             raise ValueError(f"the ledger's first context is {first}, this configuration starts from "
                              f"{self.initial_hash}: prompt.* or the problem's seed program changed")
+        if hasattr(self.optimiser, "restore"):  # e.g. skill synthesis: its evaluations so far, its skill.jsonl
+            self.optimiser.restore(entries)
+        if not entries:
+            return
         self.hash = entries[-1]["context_next"]
         self.text = self.store.get(self.hash)
         self.programs = sum(int(e.get("programs", 0)) for e in entries)
         self.valid = sum(int(e.get("valid_programs", 0)) for e in entries)
-        if hasattr(self.optimiser, "restore"):  # e.g. skill synthesis: its validation evaluations so far
-            self.optimiser.restore(entries)
         self.pending = []
         for e in entries:  # a step that updated the context consumed the pending set; one that did not added to it
             self.pending = self.pending + self._load(e["pending"]) if e.get("pending") else []

@@ -5,11 +5,13 @@ batch's failed and successful episodes with the current SKILL.md and answers wit
 batches' edits are merged, applied, and the candidate is kept only if its return on a held-out mini-batch, played
 by the unperturbed model, is not lower than the current skill's on the same tasks and seeds. Everything left out
 (malformed lines, conflicts, missing anchors, a rejected candidate) is recorded with its reason in
-``run.dir/skill.jsonl`` and counted in the ledger's ``skill`` field.
+``run.dir/skill.jsonl`` and counted in the ledger's ``skill`` field. A candidate longer than ``max_chars`` (it joins
+every system prompt) is rejected before validation: no evaluations are spent on it.
 
 The proposer and the validation are injected callables ``proposer(prompt, step, batch) -> str`` (with an optional
-``proposer.many(prompts, step)`` answering all batches at once) and ``validate(skill_text, step) -> float``: the
-trainer wires them through the agent objective (the policy itself or an OpenAI-compatible endpoint,
+``proposer.many(prompts, step)`` answering all batches at once) and ``validate(skill_text, step, steps) -> float``
+(``steps``: every step whose trajectories the update read, so the held-out tasks exclude all tasks the proposer
+saw): the trainer wires them through the agent objective (the policy itself or an OpenAI-compatible endpoint,
 :mod:`.proposers`); tests pass scripted ones.
 """
 from __future__ import annotations
@@ -57,15 +59,19 @@ def _clip(s: str, n: int) -> str:
 class SkillSynthesis:
     name = "skill"
 
-    def __init__(self, proposer: Callable[[str, int, int], str], validate: Callable[[str, int], float],
+    def __init__(self, proposer: Callable[[str, int, int], str], validate: Callable[[str, int, tuple], float],
                  batch: int = 4, success: float = 0.5, initial: str = "", log_path: str | None = None,
-                 episode_chars: int = 600, turns: int = 4):
+                 episode_chars: int = 600, turns: int = 4, max_chars: int = 4000):
         if batch < 1:
             raise ValueError(f"prompt.skill.batch must be >= 1, got {batch}")
         self.proposer, self.validate = proposer, validate
         self.batch, self.success, self.episode_chars, self.turns = batch, success, episode_chars, turns
         pre, sections = parse_skill(initial or DEFAULT_SKILL)
         self.start = render_skill(pre, sections)  # canonical form: applying no edit leaves the text unchanged
+        if len(self.start) > max_chars:
+            raise ValueError(f"prompt.skill.max_chars: the initial SKILL.md has {len(self.start)} characters, more "
+                             f"than the cap {max_chars}")
+        self.max_chars = max_chars
         self.log_path = log_path
         self.last: dict = {}
         self.evaluations = 0  # validation evaluations over the run (restored from the ledger on resume)
@@ -115,10 +121,13 @@ class SkillSynthesis:
         merged, left_out = merge(proposals)
         candidate, failed = apply_edits(context, merged)
         before = after = None
+        seen = tuple(sorted({t.step for t in trajectories if t.step >= 0} | {step}))  # the tasks the proposer read
         if candidate == context:
             keep, why = False, "no change"
+        elif len(candidate) > self.max_chars:
+            keep, why = False, f"rejected: {len(candidate)} characters, over prompt.skill.max_chars={self.max_chars}"
         else:
-            before, after = float(self.validate(context, step)), float(self.validate(candidate, step))
+            before, after = float(self.validate(context, step, seen)), float(self.validate(candidate, step, seen))
             self.evaluations += 2
             keep = not math.isnan(after) and (math.isnan(before) or after >= before)
             why = "kept: held-out return not lower" if keep else "rejected: held-out return lower"
@@ -127,10 +136,11 @@ class SkillSynthesis:
                      "applied": applied if keep else 0, "malformed": len(malformed),
                      "conflicts": sum(not d["reason"].startswith("merged") for d in left_out),
                      "unapplicable": len(failed), "val_before": _num(before), "val_after": _num(after),
-                     "kept": keep, "evaluations": 2 if before is not None else 0}
+                     "kept": keep, "evaluations": 2 if before is not None else 0, "decision": why,
+                     "chars": len(candidate)}
         log.info("step %d: skill %s (%d edits applied of %d proposed; held-out %s -> %s)", step, why,
                  self.last["applied"], self.last["proposed"], before, after)
-        self._write({"step": step, "decision": why, **self.last, "malformed_lines": malformed,
+        self._write({"step": step, "steps_read": list(seen), **self.last, "malformed_lines": malformed,
                      "left_out": left_out, "not_applied": failed, "edits": [e.to_json() for e in merged],
                      "candidate": context_hash(candidate), "candidate_text": candidate})
         return candidate if keep else context
@@ -139,7 +149,30 @@ class SkillSynthesis:
         return {"skill": dict(self.last)} if self.last else {}
 
     def restore(self, entries: list[dict]) -> None:
+        """Evaluations so far from the ledger; ``skill.jsonl`` cut to the ledger's steps: a crash between its record
+        and the ledger's would otherwise leave a record the resumed step writes again."""
         self.evaluations = sum(int((e.get("skill") or {}).get("evaluations", 0)) for e in entries)
+        if not self.log_path or not os.path.exists(self.log_path):
+            return
+        steps = {e["step"] for e in entries}
+        with open(self.log_path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        keep = []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a torn last line
+                continue
+            if isinstance(rec, dict) and rec.get("step") in steps:
+                keep.append(line)
+        if len(keep) != len(lines):
+            log.warning("%s: %d records of steps past the ledger removed", self.log_path, len(lines) - len(keep))
+        tmp = f"{self.log_path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(ln + "\n" for ln in keep))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.log_path)
 
     def _write(self, rec: dict) -> None:
         if self.log_path:
@@ -162,4 +195,5 @@ def build_skill(cfg, hooks: dict | None, run_dir: str | None, rank: int) -> Skil
         with open(s.initial, encoding="utf-8") as f:
             initial = f.read()
     log_path = os.path.join(run_dir, SKILL_LOG) if run_dir and rank == 0 else None
-    return SkillSynthesis(hooks["proposer"], hooks["validate"], s.batch, s.success, initial, log_path)
+    return SkillSynthesis(hooks["proposer"], hooks["validate"], s.batch, s.success, initial, log_path,
+                          max_chars=s.max_chars)

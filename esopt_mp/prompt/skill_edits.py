@@ -1,7 +1,9 @@
 """SKILL.md as named sections, the strict edit format proposers write, and the merge of parallel batches' edits.
 
 A SKILL.md is a preamble followed by ``## Section`` headings, each with body lines. A proposal carries its edits as
-JSON lines inside one fenced block opened by ```` ```edits ```` (anything outside the block is ignored), one object
+JSON lines inside one fenced block, read line by line: it opens at a line starting with ```` ```edits ```` and closes
+at the first line that is only ```` ``` ```` (so a ```` ``` ```` inside a JSON string does not cut it; an unclosed
+block is read to the end, and that is recorded among the drops). Anything outside the block is ignored; one object
 per line::
 
     {"op": "insert",  "section": "Pitfalls", "text": "- check the bin capacity first", "anchor": "<optional line>"}
@@ -16,10 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 
 OPS = ("insert", "replace", "delete")
-FENCE = re.compile(r"```edits[ \t]*\n(.*?)```", re.S)
 MAX_TEXT = 400  # characters of one inserted / replacing line
 
 
@@ -82,11 +82,14 @@ def render_skill(pre: list[str], sections: dict[str, list[str]]) -> str:
 
 def parse_edits(text: str, batch: int = 0) -> tuple[list[Edit], list[dict]]:
     """The edits of one proposal and, for every line refused, ``{"batch", "line", "reason"}``."""
-    m = FENCE.search(text or "")
-    if m is None:
+    body, closed = _block(text or "")
+    if body is None:
         return [], [{"batch": batch, "line": 0, "reason": "no ```edits block in the proposal"}]
     edits, drops = [], []
-    for n, raw in enumerate(m.group(1).splitlines(), 1):
+    if not closed:  # e.g. the proposal ran out of tokens: its complete lines still count
+        drops.append({"batch": batch, "line": len(body) + 1, "reason": "the ```edits block is not closed: read to the "
+                                                                        "end of the proposal"})
+    for n, raw in enumerate(body, 1):
         if not raw.strip():
             continue
         why = None
@@ -102,6 +105,18 @@ def parse_edits(text: str, batch: int = 0) -> tuple[list[Edit], list[dict]]:
         edits.append(Edit(obj["op"], obj["section"].strip(), _norm(obj.get("anchor", "")), obj.get("text", "").strip(),
                           batch, len(edits)))
     return edits, drops
+
+
+def _block(text: str) -> tuple[list[str] | None, bool]:
+    """The lines of the first ```edits block (None: there is none) and whether a line that is only ``` closed it."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("```edits")), None)
+    if start is None:
+        return None, False
+    for i in range(start + 1, len(lines)):
+        if lines[i].strip() == "```":
+            return lines[start + 1:i], True
+    return lines[start + 1:], False
 
 
 def _refuse(obj) -> str | None:

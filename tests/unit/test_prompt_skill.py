@@ -104,7 +104,7 @@ def _opt(answers, scores, tmp_path=None, batch=2):
     """scores: skill text -> held-out return (the validation callable, counted)."""
     calls = []
 
-    def validate(text, step):
+    def validate(text, step, steps):
         calls.append(context_hash(text))
         return scores(text)
 
@@ -254,7 +254,38 @@ def test_a_proposer_answering_all_batches_at_once_is_asked_once_and_no_trajector
                     range(len(prompts))]
 
     p = Many()
-    opt = SkillSynthesis(p, lambda text, step: 1.0, batch=3, initial=SKILL)
+    opt = SkillSynthesis(p, lambda text, step, steps: 1.0, batch=3, initial=SKILL)
     new = opt.update(TRAJ, opt.initial(), 2)
     assert p.calls == [(2, 2)] and parse_skill(new)[1]["Pitfalls"][-2:] == ["- from batch 0", "- from batch 1"]
     assert opt.update([], new, 3) == new and p.calls == [(2, 2)] and opt.last["batches"] == 0
+
+
+def test_a_fence_inside_a_json_string_does_not_cut_the_block_and_an_unclosed_block_is_recorded():
+    """The block closes at the first line that is only ```; a ``` inside a text is content, the edits after it
+    stand. An unclosed block (a proposal cut by its token budget) is read to the end, with a recorded reason."""
+    first = {"op": "insert", "section": "Pitfalls", "text": "wrap code in ``` fences"}
+    second = {"op": "insert", "section": "Strategy", "text": "- then run it"}
+    edits, drops = parse_edits(block(first, second) + "\n```edits\n" + json.dumps(second) + "\n```\n")
+    assert [e.text for e in edits] == ["wrap code in ``` fences", "- then run it"] and drops == []
+    cut = "```edits\n" + json.dumps(first) + "\n" + json.dumps(second) + "\n{\"op\": \"ins"
+    edits, drops = parse_edits(cut, batch=1)
+    assert [e.text for e in edits] == ["wrap code in ``` fences", "- then run it"]
+    assert [d["reason"].split(":")[0] for d in drops] == ["the ```edits block is not closed", "not JSON"]
+    assert all(d["batch"] == 1 for d in drops)
+
+
+def test_trajectories_carry_their_step_and_pending_sets_stored_before_the_field_still_load(tmp_path):
+    import dataclasses
+    import types
+
+    from esopt_mp.prompt import ContextStore
+    from esopt_mp.prompt.run import ContextRun
+
+    store = ContextStore(str(tmp_path))
+    old = [{"ret": 0.5, "responses": ["r"], "programs": [{"code": "c", "score": 1.0, "error": None}], "member": 2,
+            "feedback": ["fb"]}]
+    new = Trajectory.from_turns(0.25, [{"response": "x", "info": {"score": 0.25, "code": "c"}}], member=1, step=3)
+    loaded = ContextRun._load(types.SimpleNamespace(store=store), store.put(json.dumps(old)))
+    again = ContextRun._load(types.SimpleNamespace(store=store), store.put(json.dumps([dataclasses.asdict(new)])))
+    assert (loaded[0].step, loaded[0].member, loaded[0].programs[0].score) == (-1, 2, 1.0)
+    assert again == [new] and new.step == 3

@@ -28,16 +28,16 @@ class AnswerEnv:
         return [{"role": "user", "content": f"score {score:.3f}"}], score, True, False, {}
 
 
-def _cfg(run_dir, proposer_tokens=16, trajectories=False):
+def _cfg(run_dir, proposer_tokens=16, trajectories=False, every=1, n_train=6, val_tasks=3):
     return build_config({
         "run": {"dir": str(run_dir), "trajectories": trajectories, "checkpoint_every": 0},
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"},
         "es": {"population": 4, "steps": 2, "sigma": {"kind": "constant", "start": 0.05, "end": 0.05},
                "alpha": {"kind": "constant", "start": 0.05, "end": 0.05}},
-        "env": {"name": "sudoku", "n_train": 6, "n_eval": 1, "episodes_per_step": 2, "max_turns": 1},
+        "env": {"name": "sudoku", "n_train": n_train, "n_eval": 1, "episodes_per_step": 2, "max_turns": 1},
         "engine": {"max_new_tokens": 6, "temperature": 1.0},
-        "prompt": {"optimiser": "skill", "mode": "joint",
-                   "skill": {"batch": 4, "val_tasks": 3, "max_new_tokens": proposer_tokens}},
+        "prompt": {"optimiser": "skill", "mode": "joint", "every": every,
+                   "skill": {"batch": 4, "val_tasks": val_tasks, "max_new_tokens": proposer_tokens}},
     })
 
 
@@ -135,3 +135,64 @@ def test_the_policy_proposes_with_its_own_unperturbed_weights_deterministically(
     a, b = runs
     assert a == b and a[0]["malformed"] == 2 and a[0]["evaluations"] == 0 and a[0]["decision"] == "no change"
     assert {d["reason"] for d in a[0]["malformed_lines"]} == {"no ```edits block in the proposal"}
+
+
+def _skill_log(run):
+    return [json.loads(line) for line in open(run / "skill.jsonl")] if (run / "skill.jsonl").exists() else []
+
+
+def test_resume_cuts_skill_jsonl_to_the_ledger(tmp_path, env, monkeypatch):
+    """A crash between the skill.jsonl record and the ledger's: the resumed step writes its record once, the same
+    one; with no ledger record at all (a crash in step 0) the file is emptied."""
+    _scripted(monkeypatch, [])
+    run = tmp_path / "run"
+    tr = _trainer(_cfg(run))
+    tr.step(0)
+
+    def crash(rec):
+        raise RuntimeError("killed before the ledger append")
+
+    tr.ledger.append = crash
+    with pytest.raises(RuntimeError, match="killed"):
+        tr.step(1)
+    tr.close()
+    torn = _skill_log(run)
+    assert [r["step"] for r in torn] == [0, 1] and len(_ledger(run)) == 1
+    tr = _trainer(_cfg(run))
+    assert tr.start_step == 1 and [r["step"] for r in _skill_log(run)] == [0]
+    tr.step(1)
+    tr.close()
+    assert _skill_log(run) == torn and [e["step"] for e in _ledger(run)] == [0, 1]
+
+    first = tmp_path / "first"
+    tr = _trainer(_cfg(first))
+    tr.ledger.append = crash
+    with pytest.raises(RuntimeError, match="killed"):
+        tr.step(0)
+    tr.close()
+    assert [r["step"] for r in _skill_log(first)] == [0]
+    tr = _trainer(_cfg(first))
+    assert tr.start_step == 0 and _skill_log(first) == []
+    tr.close()
+
+
+def test_with_every_2_validation_avoids_the_tasks_of_both_steps_the_proposer_read(tmp_path, env, monkeypatch):
+    _scripted(monkeypatch, [])
+    run = tmp_path / "run"
+    tr = _trainer(_cfg(run, every=2, n_train=9, val_tasks=5))
+    played, real = [], tr.objective.play
+
+    def play(tasks, seeds, cfg, render=None, **tags):
+        played.append((tags.get("kind"), tags.get("step"), {id(t) for t in tasks}))
+        return real(tasks, seeds, cfg, render=render, **tags)
+
+    tr.objective.play = play
+    tr.step(0)
+    tr.step(1)
+    tr.close()
+    train = {s: set().union(*(ids for k, st, ids in played if k == "train" and st == s)) for s in (0, 1)}
+    val = set().union(*(ids for k, _, ids in played if k == "skill_val"))
+    assert train[0] - train[1] and len(val) == 5  # step 0 played a task step 1 did not
+    assert not val & (train[0] | train[1])
+    assert [(r["step"], r["steps_read"], r["evaluations"]) for r in _skill_log(run)] == [(1, [0, 1], 2)]
+    assert "pending" in _ledger(run)[0] and "skill" not in _ledger(run)[0]

@@ -24,6 +24,11 @@ class Member:
     index: int
     seed: int
     sign: int
+    pair: int = -1  # mirrored sampling: index // 2 (both signs of one seed); else the index
+
+    def __post_init__(self):
+        if self.pair < 0:
+            object.__setattr__(self, "pair", self.index)
 
 
 class SeedHash:

@@ -111,7 +111,7 @@ class ESTrainer:
 
                 problem = ahd.get(cfg.env.problem)
                 ref = problem.reference()
-                thought = getattr(problem, "prompts", {}).get("func_desc", "")  # the settings' description of it
+                thought = problem.reference_thought  # what the seed function does (EoH's seed thought)
                 self.objective.fixed_task = True  # fitness compared across programs: one instance set for all
                 # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
                 fit = self.objective.score_program(ref)
@@ -194,7 +194,8 @@ class ESTrainer:
                 self.perturber.perturb(seeds[m], sigma, signs[m])
             perturb_s += _since(t1)
             try:
-                local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m]))
+                local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m],
+                                                                          m // 2 if es.mirrored else m))
             except Exception as e:
                 if dims.tp > 1:
                     raise  # a peer may be waiting inside a collective: fail loudly rather than hang

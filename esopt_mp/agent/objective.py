@@ -109,24 +109,27 @@ class AgentObjective:
             [e.ret for e in eps if not math.isnan(e.ret)]
         return sum(rets), len(rets)
 
-    def play(self, tasks, seeds, cfg, render=None, **tags) -> list:
+    def play(self, tasks, seeds, cfg, render=None, slots=None, ctx_seeds=None, **tags) -> list:
         """The TP leader's episodes of ``tasks`` (one per seed), logged to the trajectories file.
 
         ``render``: (seed, slot) -> the context text of that episode, instead of the context run's current one (a
-        candidate skill under validation); ``tags["context"]`` then names it in the trajectories file. An episode's
-        slot is member * episodes_per_step + its index for training episodes, else its index.
+        candidate skill under validation); ``tags["context"]`` then names it in the trajectories file. ``slots``:
+        each episode's place in the whole set it belongs to, the same at every layout (training: pair *
+        episodes_per_step + episode; held-out: its global index; default: its index here); ``ctx_seeds``: the
+        seed each episode's context is rendered with (default: its episode seed).
         """
         if render is None and self.context is not None:
             render = self.context.render
         envs = [self._make_env(self.cfg.max_turns) for _ in tasks]
         # environments holding a browser each play at most env.web.max_browsers episodes at a time
         group = self._group(len(tasks))
-        base = tags["member"] * len(tasks) if tags.get("kind") == "train" and "member" in tags else 0
+        slots = list(range(len(tasks))) if slots is None else list(slots)
+        ctx_seeds = list(seeds) if ctx_seeds is None else list(ctx_seeds)
         eps = []
         try:
             for a in range(0, len(tasks), group):
                 b = a + group
-                ctx = [render(s, base + a + i) for i, s in enumerate(seeds[a:b])] if render is not None else None
+                ctx = [render(s, k) for s, k in zip(ctx_seeds[a:b], slots[a:b])] if render is not None else None
                 eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, self.dims, ctx)
         finally:
             for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
@@ -144,8 +147,8 @@ class AgentObjective:
 
                 parser = build_parser("any")
                 extract = lambda text: extract_code(text, parser)  # noqa: E731
-            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract, base + i,
-                                                        tags.get("step", -1)) for i, e in enumerate(eps)]
+            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract, k,
+                                                        tags.get("step", -1)) for k, e in zip(slots, eps)]
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
         return eps
 
@@ -200,7 +203,12 @@ class AgentObjective:
             return self._held_out()
         tasks = self.step_tasks(member.step)
         seeds = [stream_seed(self.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
-        total, n = self._play(tasks, seeds, self.train_cfg, kind="train", step=member.step, member=member.index)
+        # a context optimiser shares the step's episodes out by slot; the two members of a mirrored pair play the
+        # same slots and contexts (same operator, same parents), so their difference is the perturbation's alone
+        slots = [member.pair * len(tasks) + e for e in range(len(tasks))]
+        ctx_seeds = [stream_seed(self.run_seed, "context", member.step, k) for k in slots]
+        total, n = self._play(tasks, seeds, self.train_cfg, slots=slots, ctx_seeds=ctx_seeds, kind="train",
+                              step=member.step, member=member.index)
         return total / n if n else math.nan
 
     def _held_out(self) -> float:
@@ -217,7 +225,8 @@ class AgentObjective:
         mine = list(range(self.dims.dp_rank, n * k, self.dims.dp))
         seeds = [stream_seed(self.run_seed, "eval", e // k, e % k) for e in mine]
         if self.dims.is_tp_leader:
-            eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, kind="eval", round=r)
+            eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, slots=mine, kind="eval",
+                            round=r)
             failed = sum(math.isnan(ep.ret) for ep in eps)
             rets = [(e // k, 0.0 if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
         else:  # one follow per batch of env.web.max_browsers episodes the leader plays
@@ -297,6 +306,10 @@ class AgentObjective:
         played = {id(t) for s in {step, *steps} for t in self.step_tasks(s)}
         rest = [t for t in self.train_tasks if id(t) not in played]
         pool = rest if len(rest) >= n else self.train_tasks
+        if pool is not rest:
+            log.warning("step %d: only %d training tasks were not played by the steps the proposer read, fewer than "
+                        "prompt.skill.val_tasks=%d: the held-out mini-batch is drawn from all %d (raise env.n_train)",
+                        step, len(rest), n, len(self.train_tasks))
         rng = random.Random(stream_seed(self.run_seed, "skill_val", step))
         tasks = [pool[i] for i in rng.sample(range(len(pool)), min(n, len(pool)))]
         seeds = [stream_seed(self.run_seed, "skill_val", step, i + 1) for i in range(len(tasks))]

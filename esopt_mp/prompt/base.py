@@ -66,30 +66,17 @@ class Trajectory:
 
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+# spans whose braces are never a thought: reasoning blocks, inline code, and LaTeX maths ($...$, \(...\), \[...\])
+_NOT_PROSE = re.compile(r"<think>.*?</think>|`[^`\n]*`|\$\$.*?\$\$|\$[^$\n]*\$|\\\(.*?\\\)|\\\[.*?\\\]",
+                        re.DOTALL)
+_WORD = re.compile(r"[A-Za-z]{2,}")
 THOUGHT_CHARS = 600  # a thought rides in every later operator prompt that picks its program: bounded
 
 
-def extract_thought(text: str, code: str = "") -> str:
-    """The description in braces that ``text`` gives before its program ``code`` ('' if none).
-
-    EoH asks for the new heuristic in one sentence inside braces, then its code. Only the text before the code
-    is read: before the fenced block holding ``code`` (else before ``code`` itself, else before the first fence),
-    with other fenced blocks removed, so braces inside code (dicts, sets, f-strings) never count, nor do JSON
-    objects (a tool call: ``{"...``). Of the remaining top-level brace groups the last one, nearest the code,
-    whitespace-collapsed and cut to ``THOUGHT_CHARS``.
-    """
-    text = text or ""
-    blocks = list(_FENCE.finditer(text))
-    mine = [m for m in blocks if code and m.group(1).strip() == code.strip()]
-    if mine:
-        cut = mine[-1].start()
-    elif code and code.strip() and code.strip() in text:
-        cut = text.index(code.strip())
-    else:
-        cut = blocks[0].start() if blocks else len(text)
-    prefix = _FENCE.sub(" ", text[:cut]).split("```")[0]  # an unclosed fence opens code too
+def _braced(text: str) -> list[str]:
+    """The top-level ``{...}`` groups of ``text``, in order."""
     groups, depth, start = [], 0, 0
-    for i, ch in enumerate(prefix):
+    for i, ch in enumerate(text):
         if ch == "{":
             if depth == 0:
                 start = i + 1
@@ -97,12 +84,45 @@ def extract_thought(text: str, code: str = "") -> str:
         elif ch == "}" and depth > 0:
             depth -= 1
             if depth == 0:
-                groups.append(prefix[start:i])
-    for g in reversed(groups):
+                groups.append(text[start:i])
+    return groups
+
+
+def _sentence(groups: list[str]) -> str:
+    """Of brace groups, the one that reads most like a sentence (most words of two letters or more; a tie: the
+    later one, nearest the code); JSON objects (``{"...``) and groups without words are never one."""
+    best, words = "", 0
+    for g in groups:
         g = " ".join(g.split())
-        if g and not g.startswith('"'):
-            return g[:THOUGHT_CHARS]
-    return ""
+        n = len(_WORD.findall(g))
+        if g and not g.startswith('"') and n and n >= words:
+            best, words = g, n
+    return best[:THOUGHT_CHARS]
+
+
+def extract_thought(text: str, code: str = "") -> str:
+    """The description in braces that ``text`` gives with its program ``code`` ('' if none).
+
+    EoH asks for the new heuristic in one sentence inside braces, then its code. The text before the code is
+    read first (before the fenced block holding ``code``, else before ``code`` itself, else before the first
+    fence), then, if it holds no braced sentence, the text after it. Fenced blocks, inline code, LaTeX maths and
+    ``<think>`` blocks are removed first, so braces inside code (dicts, sets, f-strings), formulas and drafts never
+    count, nor do JSON objects (a tool call: ``{"...``). Of the remaining brace groups the most sentence-like one
+    (:func:`_sentence`), whitespace-collapsed and cut to ``THOUGHT_CHARS``.
+    """
+    text = text or ""
+    blocks = list(_FENCE.finditer(text))
+    mine = [m for m in blocks if code and m.group(1).strip() == code.strip()]
+    if mine:
+        cut, after = mine[-1].start(), mine[-1].end()
+    elif code and code.strip() and code.strip() in text:
+        cut = text.index(code.strip())
+        after = cut + len(code.strip())
+    else:
+        cut = after = blocks[0].start() if blocks else len(text)
+    prose = lambda t: _NOT_PROSE.sub(" ", _FENCE.sub(" ", t))  # noqa: E731
+    before = prose(text[:cut]).split("```")[0]  # an unclosed fence opens code too
+    return _sentence(_braced(before)) or _sentence(_braced(prose(text[after:]).split("```")[0]))
 
 
 class ContextOptimiser(Protocol):

@@ -32,7 +32,8 @@ class EndpointProposer:
         except ImportError:
             openai = None
         if openai is not None:
-            client = openai.OpenAI(base_url=self.base, api_key=self._key() or "none", timeout=self.timeout_s)
+            client = openai.OpenAI(base_url=self.base, api_key=self._key() or "none", timeout=self.timeout_s,
+                                   max_retries=0)  # timeout_s bounds the request: no hidden retries
             r = client.chat.completions.create(model=self.model, messages=messages, max_tokens=self.max_tokens,
                                                temperature=self.temperature, seed=seed % (1 << 31))
             return r.choices[0].message.content or ""

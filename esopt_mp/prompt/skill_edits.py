@@ -108,7 +108,11 @@ def parse_edits(text: str, batch: int = 0) -> tuple[list[Edit], list[dict]]:
 
 
 def _block(text: str) -> tuple[list[str] | None, bool]:
-    """The lines of the first ```edits block (None: there is none) and whether a line that is only ``` closed it."""
+    """The lines of the first ```edits block after any reasoning (None: there is none) and whether a line that
+    is only ``` closed it. A reasoning model's ``<think>...</think>`` (a closed one) may hold a draft block: the
+    answer is what follows it."""
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("```edits")), None)
     if start is None:

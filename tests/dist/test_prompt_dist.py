@@ -21,14 +21,18 @@ def _worker(rank, world, dp, run_dir, out):
     objective.make = lambda name, **kw: ScoredEnv()
     cfg = _cfg(run_dir)
     cfg.parallel.dp = dp
+    cfg.env.n_eval, cfg.env.eval_repeats, cfg.env.eval_temperature = 2, 2, 0.7  # 4 held-out episodes
     dims = init_distributed(discover(), dp, 1)
     tr = ESTrainer(cfg, dims)
     for t in range(3):
         tr.step(t)
     state = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
     text = tr.context.text
+    seen, render = [], tr.context.render  # held-out episodes: the context each one played, by its global slot
+    tr.context.render = lambda seed, slot: seen.append((slot, seed, render(seed, slot))) or seen[-1][2]
+    held_out = tr.evaluate()
     tr.close()
-    torch.save({"state": state, "text": text}, f"{out}.{rank}")
+    torch.save({"state": state, "text": text, "eval": held_out, "seen": seen}, f"{out}.{rank}")
 
 
 def _ledger(run_dir):
@@ -45,7 +49,12 @@ def test_context_search_at_dp2_equals_dp1(tmp_path):
     assert len({e["context_next"] for e in a}) >= 2  # the context did change
     assert [e["programs"] for e in a] == [e["programs"] for e in b] == [8, 8, 8]
     assert [e["returns"] for e in a] == [e["returns"] for e in b]
-    for r in range(2):  # every rank holds the same context and weights as the one-process run
-        got = torch.load(tmp_path / f"two.pt.{r}")
+    two = [torch.load(tmp_path / f"two.pt.{r}") for r in range(2)]
+    for got in two:  # every rank holds the same context and weights as the one-process run
         assert got["text"] == one["text"]
         assert all(torch.equal(got["state"][k], one["state"][k]) for k in one["state"])
+    # held-out evaluation: each episode (global slot) renders the same context from the same seed at dp=2 as at
+    # dp=1 (EoH's operator follows the slot), so the held-out score is the same too
+    assert sorted(one["seen"]) == sorted(two[0]["seen"] + two[1]["seen"]) and len(one["seen"]) == 4
+    assert len({x for _, _, x in one["seen"]}) >= 2  # the eval episodes did play different operator prompts
+    assert two[0]["eval"] == two[1]["eval"] == one["eval"]

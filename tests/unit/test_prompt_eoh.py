@@ -30,6 +30,15 @@ def test_thought_is_the_braced_sentence_before_the_code():
     # a tool call's JSON object is not a thought
     assert extract_thought('{"name": "submit", "arguments": {"code": "def f(x): return x"}}', "") == ""
     assert extract_thought(_reply("{" + "x" * 5000 + "}"), CODE) == "x" * 600
+    # realistic replies: set notation, LaTeX, inline code after the thought; a thought after the code; a draft
+    assert extract_thought(_reply("{Choose best fit.} where the feasible set is {b : b >= item}."), CODE) == \
+        "Choose best fit."
+    assert extract_thought(_reply("{Best fit.} The score is $\\frac{1}{r_{i}}$."), CODE) == "Best fit."
+    assert extract_thought(_reply("{Nearest first.} I keep `cache = {n: d[n] for n in todo}`."), CODE) == \
+        "Nearest first."
+    assert extract_thought(_reply("Here is the code:") + "{Take the nearest unvisited node.}", CODE) == \
+        "Take the nearest unvisited node."
+    assert extract_thought(_reply("<think>{a draft idea}</think>{Final idea.}"), CODE) == "Final idea."
 
 
 def test_trajectory_carries_the_thought_of_the_reply_that_made_the_program():

@@ -250,23 +250,35 @@ def test_heuristic_search_scores_every_program_on_the_same_instances(tmp_path, f
     assert all(t is first for step in tasks for t in step) and len(tasks[0]) == 2
 
 
-def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env):
-    """Each training episode renders with its slot (member * episodes_per_step + episode); the operator of a
-    slot is both the prompt it played and the op its offspring records."""
-    from esopt_mp.prompt.search import SEED_THOUGHT, operator
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env, mirrored):
+    """Each training episode renders with its slot (pair * episodes_per_step + episode; pair = member without
+    mirrored sampling, member // 2 with it); the operator of a slot is both the prompt it played and the op its
+    offspring records. The two members of a mirrored pair play the same contexts (operator and parents)."""
+    from esopt_mp.envs.ahd.bpp_online import BPPOnline
+    from esopt_mp.prompt.search import operator
 
-    t = _trainer(_cfg(tmp_path, mode="prompt_only"))
-    assert json.loads(t.context.text)["population"][0]["thought"] == SEED_THOUGHT  # bpp_online: no settings
+    cfg = _cfg(tmp_path, mode="prompt_only")
+    cfg.es.mirrored = mirrored
+    t = _trainer(cfg)
+    assert json.loads(t.context.text)["population"][0]["thought"] == BPPOnline.reference_thought  # best fit
     seen, render = [], t.context.render
     t.context.render = lambda seed, slot: seen.append((slot, render(seed, slot))) or seen[-1][1]
     t.step(0)
     trajs = t._step_trajectories()
     pop = json.loads(t.context.text)["population"]
     t.close()
-    assert sorted(s for s, _ in seen) == list(range(8)) == [tr.slot for tr in trajs]  # 4 members x 2 episodes
+    want = [m // 2 * 2 + e for m in range(4) for e in range(2)] if mirrored else list(range(8))  # 4 members x 2
+    assert [s for s, _ in seen] == want == [tr.slot for tr in trajs]
     assert [tr.member for tr in trajs] == [m for m in range(4) for _ in range(2)]
+    texts = [x for _, x in seen]
+    if mirrored:  # member 2k+1 (sign -1) sees exactly what member 2k (sign +1) saw
+        assert texts[2:4] == texts[0:2] and texts[6:8] == texts[4:6]
     for slot, text in seen:  # one individual rendered: m1 and m2 alternate
         assert ("modified version" in text) == (operator(1, slot) == "m1") and "inside braces" in text
-    made = {p.code: operator(1, tr.slot) for tr in trajs for p in tr.programs}
+    made = {}
+    for tr in trajs:  # a code two episodes wrote enters once, with the first one's operator
+        for p in tr.programs:
+            made.setdefault(p.code, operator(1, tr.slot))
     kids = [p for p in pop if p["op"] != "seed"]
     assert kids and all(p["op"] == f"{made[p['code']]}@0" and "thought" in p for p in kids)

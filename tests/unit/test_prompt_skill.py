@@ -289,3 +289,12 @@ def test_trajectories_carry_their_step_and_pending_sets_stored_before_the_field_
     again = ContextRun._load(types.SimpleNamespace(store=store), store.put(json.dumps([dataclasses.asdict(new)])))
     assert (loaded[0].step, loaded[0].member, loaded[0].programs[0].score) == (-1, 2, 1.0)
     assert again == [new] and new.step == 3
+
+
+def test_a_draft_block_inside_think_is_not_the_proposal():
+    draft = '```edits\n{"op": "insert", "section": "Pitfalls", "text": "draft"}\n```'
+    final = '```edits\n{"op": "insert", "section": "Pitfalls", "text": "final"}\n```'
+    edits, drops = parse_edits(f"<think>\n{draft}\n</think>\n{final}\n")
+    assert [e.text for e in edits] == ["final"] and not drops
+    edits, drops = parse_edits(f"<think>\n{draft}\n</think>\nno edits after all")
+    assert edits == [] and drops[0]["reason"].startswith("no ```edits block")

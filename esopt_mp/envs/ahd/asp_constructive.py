@@ -67,6 +67,7 @@ def expand(pre: np.ndarray) -> list[tuple]:
 
 
 class ASPConstructive(Problem):
+    reference_thought = "Every element gets the same priority 1: a placeholder without any structure."
     name = "asp_constructive"
     sense = "max"
     objective_key = "size"

@@ -24,6 +24,8 @@ def lower_bound(demand, capacity: int = CAPACITY) -> int:
 
 
 class BPPOfflineACO(Problem):
+    reference_thought = ("Item j's attractiveness is its demand over the largest demand, whatever the "
+                         "bin: larger items first.")
     name = "bpp_offline_aco"
     sense = "min"
     objective_key = "gap"

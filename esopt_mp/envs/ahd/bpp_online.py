@@ -11,6 +11,7 @@ from esopt_mp.envs.sandbox import SandboxLimits
 
 class BPPOnline:
     name = "bpp_online"
+    reference_thought = "Best fit: the item goes to the feasible bin that it leaves with the least capacity."
     sense = "min"
     objective_key = "gap"
     generated = True  # instances come from the task's seed

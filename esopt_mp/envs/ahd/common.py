@@ -151,6 +151,7 @@ class Problem(abc.ABC):
     """
 
     name = ""
+    reference_thought = ""  # what the seed function does, in one sentence (EoH's thought of the seed individual)
     sense = "min"  # the objective's direction; the score (return) is always higher-is-better
     limits = SandboxLimits(wall_s=60, cpu_s=60)
     per_task = 8  # instances one episode evaluates

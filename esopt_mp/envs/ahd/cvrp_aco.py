@@ -21,6 +21,8 @@ CAPACITY = 50
 
 
 class CVRPACO(Problem):
+    reference_thought = ("The heuristic of edge (i, j) is the inverse distance 1 / d_ij; demands and "
+                         "capacity are ignored.")
     name = "cvrp_aco"
     sense = "min"
     objective_key = "cost"

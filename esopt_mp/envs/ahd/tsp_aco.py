@@ -24,6 +24,8 @@ def matrix(call: Caller, args: list, n: int, what: str) -> np.ndarray:
 
 
 class TSPACO(Problem):
+    reference_thought = ("The heuristic of edge (i, j) is the inverse distance 1 / d_ij: shorter edges "
+                         "are more attractive to the ants.")
     name = "tsp_aco"
     sense = "min"
     objective_key = "length"

@@ -23,6 +23,8 @@ def tour_length(points: np.ndarray, tour: list[int]) -> float:
 
 
 class TSPConstructive(Problem):
+    reference_thought = ("Every unvisited node scores the same, so the first one is taken: a placeholder "
+                         "that ignores the distances.")
     name = "tsp_constructive"
     sense = "min"
     objective_key = "length"

@@ -423,7 +423,7 @@ class TrainConfig:
         hash of runs from before it),
         ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
         Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
-        tests/dist), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
+        tests/distributed), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
         test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
         test_compiled_kernel_is_bit_identical_to_eager, test_perturb_restore_update_equal_eager), held-out evaluation
         (``env.n_eval``/``eval_path``/``eval_repeats``/``eval_temperature``:

@@ -6,7 +6,7 @@ import torch
 from esopt_mp.models import full_state_dict
 from esopt_mp.parallel import discover, init_distributed
 from esopt_mp.trainer import ESTrainer
-from tests.dist.workers import _cfg
+from tests.distributed.workers import _cfg
 
 
 def segment_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_dir: str, out_path: str,

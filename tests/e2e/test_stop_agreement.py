@@ -14,7 +14,7 @@ from esopt_mp.parallel.spawn import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS = 10
+STEPS = 6  # the signal comes after step 1: room for the stop and a rerun that goes on
 ARGS = ["model=tiny", "objective=target_logprob", "es.population=4", f"es.steps={STEPS}", "objective.batch=2",
         "run.checkpoint_every=1", "run.keep_checkpoints=1", "run.eval_every=0", "parallel.dp=2", "parallel.timeout_s=120"]  # an async save is pending when the signal comes
 

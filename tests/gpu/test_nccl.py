@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from esopt_mp.parallel.spawn import run_world
-from tests.dist import collective_workers, workers
+from tests.distributed import collective_workers, workers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,6 +1,6 @@
 """Checkpoint durability: manifests, fallback past a damaged newest checkpoint, SIGKILL during a save (sync and
 async), pruning, identity refusals, and elastic load across tp layouts (simulated shards, no process group; the
-multi-writer saves under gloo are in tests/dist/test_elastic.py)."""
+multi-writer saves under gloo and resumes across layouts are in tests/e2e/test_resume.py)."""
 import json
 import os
 import signal

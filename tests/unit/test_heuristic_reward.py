@@ -11,7 +11,7 @@ TASK = {"id": "b", "seed": 3, "n_instances": 2, "n_items": 200}
 
 @pytest.fixture(scope="module")
 def env():
-    return make("heuristic", max_turns=1, sandbox=Sandbox(SandboxLimits(wall_s=20, cpu_s=20)))
+    return make("heuristic", max_turns=1, sandbox=Sandbox(SandboxLimits(wall_s=6, cpu_s=6)))
 
 
 def gap(env, code):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from esopt_mp.models import build_tiny_qwen35
-from tests.dist import workers
+from tests.distributed import workers
 from esopt_mp.parallel.spawn import run_world
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from esopt_mp.parallel.spawn import run_world
-from tests.dist import collective_workers
+from tests.distributed import collective_workers
 
 pytestmark = pytest.mark.slow
 PARALLEL_DIR = os.path.join("esopt_mp", "parallel") + os.sep

@@ -1,0 +1,16 @@
+"""Every test directory is collected by the README's test command (pytest skips directories matching its
+``norecursedirs``, whose default includes ``dist`` and ``build``: the distributed tests once sat, uncollected, in
+tests/dist)."""
+import fnmatch
+import os
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_no_test_directory_matches_norecursedirs(request):
+    patterns = request.config.getini("norecursedirs")
+    dirs = [d for d in os.listdir(TESTS) if os.path.isdir(os.path.join(TESTS, d))
+            and any(f.startswith("test_") and f.endswith(".py") for f in os.listdir(os.path.join(TESTS, d)))]
+    assert {"unit", "distributed", "e2e"} <= set(dirs)
+    skipped = [d for d in dirs if any(fnmatch.fnmatch(d, p) for p in patterns)]
+    assert not skipped, f"pytest would never collect tests/{skipped}: norecursedirs {patterns}"

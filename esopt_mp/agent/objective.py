@@ -203,9 +203,11 @@ class AgentObjective:
             return self._held_out()
         tasks = self.step_tasks(member.step)
         seeds = [stream_seed(self.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
-        # a context optimiser shares the step's episodes out by slot; the two members of a mirrored pair play the
-        # same slots and contexts (same operator, same parents), so their difference is the perturbation's alone
-        slots = [member.pair * len(tasks) + e for e in range(len(tasks))]
+        # a context optimiser shares the step's episodes out by slot: consecutive within the step (EoH: every
+        # operator equally often, +-1) and shifted by the step (an operator the step has too few slots for runs at
+        # later steps); both members of a mirrored pair play the same slots and contexts (operator and parents),
+        # their token sampling differs as any two members' does
+        slots = [member.step + member.pair * len(tasks) + e for e in range(len(tasks))]
         ctx_seeds = [stream_seed(self.run_seed, "context", member.step, k) for k in slots]
         total, n = self._play(tasks, seeds, self.train_cfg, slots=slots, ctx_seeds=ctx_seeds, kind="train",
                               step=member.step, member=member.index)

@@ -55,8 +55,8 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
     - ``skill_val`` (step,) which tasks validate a candidate skill; (step, i + 1) episode i's sampling seed: the
       current and the candidate skill meet the same tasks and seeds.
     - ``context`` (step, slot): how a context optimiser renders the context of a training episode (EoH: its
-      parents); slot = pair * episodes + episode, so both members of a mirrored pair get the same context, and
-      the same at every TP / DP layout.
+      parents); slot = step + pair * episodes + episode, so both members of a mirrored pair get the same
+      context, and the same at every TP / DP layout.
     """
     tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3, "skill": 4, "skill_val": 5, "context": 6}
     if stream not in tags:

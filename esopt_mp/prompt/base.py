@@ -39,7 +39,7 @@ class Trajectory:
     programs: list[Program] = dataclasses.field(default_factory=list)
     member: int = -1
     feedback: list[str] = dataclasses.field(default_factory=list)  # per turn: the environment's reply messages
-    slot: int = -1  # the episode's place in its step (member * episodes_per_step + episode); -1: not a training one
+    slot: int = -1  # training: step + pair * episodes_per_step + episode (pair: member, or member // 2 mirrored)
     step: int = -1  # the training step that played it (-1: unknown; pending sets stored before the field)
 
     @classmethod
@@ -67,8 +67,9 @@ class Trajectory:
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 # spans whose braces are never a thought: reasoning blocks, inline code, and LaTeX maths ($...$, \(...\), \[...\])
-_NOT_PROSE = re.compile(r"<think>.*?</think>|`[^`\n]*`|\$\$.*?\$\$|\$[^$\n]*\$|\\\(.*?\\\)|\\\[.*?\\\]",
-                        re.DOTALL)
+_NOT_PROSE = re.compile(r"<think>.*?</think>|`[^`\n]*`|\$\$.*?\$\$"
+                        r"|\$(?=\S)[^$\n]*?(?<=\S)\$(?!\d)"  # $x$ maths, not "$5 and $3" prices
+                        r"|\\\(.*?\\\)|\\\[.*?\\\]", re.DOTALL)
 _WORD = re.compile(r"[A-Za-z]{2,}")
 THOUGHT_CHARS = 600  # a thought rides in every later operator prompt that picks its program: bounded
 
@@ -120,9 +121,8 @@ def extract_thought(text: str, code: str = "") -> str:
         after = cut + len(code.strip())
     else:
         cut = after = blocks[0].start() if blocks else len(text)
-    prose = lambda t: _NOT_PROSE.sub(" ", _FENCE.sub(" ", t))  # noqa: E731
-    before = prose(text[:cut]).split("```")[0]  # an unclosed fence opens code too
-    return _sentence(_braced(before)) or _sentence(_braced(prose(text[after:]).split("```")[0]))
+    prose = lambda t: _NOT_PROSE.sub(" ", _FENCE.sub(" ", t).split("```")[0])  # noqa: E731 (unclosed fence: code)
+    return _sentence(_braced(prose(text[:cut]))) or _sentence(_braced(prose(text[after:])))
 
 
 class ContextOptimiser(Protocol):
@@ -136,8 +136,9 @@ class ContextOptimiser(Protocol):
 
     def render(self, context: str, seed: int, slot: int) -> str:
         """The text injected into the system prompt of the episode seeded ``seed`` ('' injects nothing); ``slot``:
-        the episode's place in its step (member * episodes_per_step + episode; held-out episodes: their index),
-        so an optimiser can share a step's episodes out among its prompts (EoH's operators)."""
+        the episode's place, the same at every layout (training: step + pair * episodes_per_step + episode, the
+        pair being the member, or member // 2 under mirrored sampling; held-out episodes: their global index), so
+        an optimiser can share a step's episodes out among its prompts (EoH's operators)."""
         ...
 
 

@@ -51,7 +51,7 @@ class ContextRun:
         return (t + 1) % self.cfg.every == 0
 
     def render(self, seed: int, slot: int) -> str:
-        """The context text of the episode seeded ``seed`` in ``slot`` (member * episodes_per_step + episode)."""
+        """The context text of the episode seeded ``seed`` in ``slot`` (see ``ContextOptimiser.render``)."""
         return self.optimiser.render(self.text, seed, slot)
 
     def restore(self, entries: list[dict]) -> None:

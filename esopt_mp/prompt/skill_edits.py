@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 OPS = ("insert", "replace", "delete")
+_THINK = re.compile(r"<think>.*?</think>", re.S)  # a closed reasoning block (it may hold a draft)
 MAX_TEXT = 400  # characters of one inserted / replacing line
 
 
@@ -110,10 +112,12 @@ def parse_edits(text: str, batch: int = 0) -> tuple[list[Edit], list[dict]]:
 def _block(text: str) -> tuple[list[str] | None, bool]:
     """The lines of the first ```edits block after any reasoning (None: there is none) and whether a line that
     is only ``` closed it. A reasoning model's ``<think>...</think>`` (a closed one) may hold a draft block: the
-    answer is what follows it."""
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
+    answer is what follows it (a line that is only ``</think>``, where the template opened the block itself)."""
+    text = _THINK.sub("\n", text)
     lines = text.splitlines()
+    end = next((i for i, ln in enumerate(lines) if ln.strip() == "</think>"), None)
+    if end is not None:
+        lines = lines[end + 1:]
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("```edits")), None)
     if start is None:
         return None, False

@@ -39,6 +39,10 @@ def test_thought_is_the_braced_sentence_before_the_code():
     assert extract_thought(_reply("Here is the code:") + "{Take the nearest unvisited node.}", CODE) == \
         "Take the nearest unvisited node."
     assert extract_thought(_reply("<think>{a draft idea}</think>{Final idea.}"), CODE) == "Final idea."
+    assert extract_thought(_reply("{Cost is $5 per bin and $3 per item.}"), CODE) == "Cost is $5 per bin and $3 per item."
+    # no code extracted and an unclosed fence: the braces after it are code
+    assert extract_thought("{Nearest neighbour.}\n```python\ndef f(x):\n    return {'alpha': beta_value}\n", "") == \
+        "Nearest neighbour."
 
 
 def test_trajectory_carries_the_thought_of_the_reply_that_made_the_program():

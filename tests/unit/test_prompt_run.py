@@ -252,9 +252,10 @@ def test_heuristic_search_scores_every_program_on_the_same_instances(tmp_path, f
 
 @pytest.mark.parametrize("mirrored", [False, True])
 def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env, mirrored):
-    """Each training episode renders with its slot (pair * episodes_per_step + episode; pair = member without
-    mirrored sampling, member // 2 with it); the operator of a slot is both the prompt it played and the op its
-    offspring records. The two members of a mirrored pair play the same contexts (operator and parents)."""
+    """Each training episode renders with its slot (step + pair * episodes_per_step + episode; pair = member
+    without mirrored sampling, member // 2 with it); the operator of a slot is both the prompt it played and the op
+    its offspring records. The two members of a mirrored pair play the same contexts (operator and parents); the
+    next step's slots are shifted by one, so an operator a step has too few slots for runs later."""
     from esopt_mp.envs.ahd.bpp_online import BPPOnline
     from esopt_mp.prompt.search import operator
 
@@ -267,9 +268,13 @@ def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env, mi
     t.step(0)
     trajs = t._step_trajectories()
     pop = json.loads(t.context.text)["population"]
+    n = len(seen)
+    t.step(1)
+    later = [s for s, _ in seen[n:]]
+    del seen[n:]
     t.close()
     want = [m // 2 * 2 + e for m in range(4) for e in range(2)] if mirrored else list(range(8))  # 4 members x 2
-    assert [s for s, _ in seen] == want == [tr.slot for tr in trajs]
+    assert [s for s, _ in seen] == want == [tr.slot for tr in trajs] and later == [s + 1 for s in want]
     assert [tr.member for tr in trajs] == [m for m in range(4) for _ in range(2)]
     texts = [x for _, x in seen]
     if mirrored:  # member 2k+1 (sign -1) sees exactly what member 2k (sign +1) saw

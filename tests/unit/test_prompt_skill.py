@@ -298,3 +298,9 @@ def test_a_draft_block_inside_think_is_not_the_proposal():
     assert [e.text for e in edits] == ["final"] and not drops
     edits, drops = parse_edits(f"<think>\n{draft}\n</think>\nno edits after all")
     assert edits == [] and drops[0]["reason"].startswith("no ```edits block")
+    edits, _ = parse_edits(f"{draft}\n</think>\n{final}\n")  # the template opened the reasoning block itself
+    assert [e.text for e in edits] == ["final"]
+    # an edit whose text mentions the tag is an edit, not the end of a reasoning block
+    said = '```edits\n{"op": "insert", "section": "Pitfalls", "text": "End reasoning with </think> first."}\n```'
+    for text in (said, f"<think>draft</think>\n{said}"):
+        assert [e.text for e in parse_edits(text)[0]] == ["End reasoning with </think> first."]

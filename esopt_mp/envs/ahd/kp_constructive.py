@@ -22,8 +22,8 @@ GREEDY = ("def select_next_item(remaining_capacity, weights, values):\n"
 
 
 class KPConstructive(Problem):
-    reference_thought = ("Always select item 0: a placeholder that ignores the weights, the values and "
-                         "the remaining capacity.")
+    reference_thought = ("Among the items that still fit, take the one with the highest value / weight "
+                         "ratio (greedy).")
     name = "kp_constructive"
     sense = "max"
     objective_key = "value"

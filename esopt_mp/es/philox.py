@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import threading
 
 import torch

@@ -1,5 +1,4 @@
 """Sandbox basics; tool-call parsers; math_react and bin packing environments (attacks: test_sandbox_levels)."""
-import os
 
 import pytest
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from esopt_mp.parallel.spawn import free_port, run_world
+from tests.unit.test_prompt_skill import reply_json
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +30,9 @@ class Endpoint(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.paths.append(self.path)
-        out = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+        reply_json(self, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                           "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                              "role": "assistant", "content": canned(body["messages"][0]["content"])}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+                              "role": "assistant", "content": canned(body["messages"][0]["content"])}}]})
 
     def log_message(self, *a):
         pass

@@ -28,6 +28,16 @@ TRAJ = [Trajectory(0.0, ["<answer>12</answer>"], member=0, feedback=["wrong: exp
         Trajectory(0.9, ["<answer>7</answer>"], member=3, feedback=["correct"])]
 
 
+
+def reply_json(handler: BaseHTTPRequestHandler, obj) -> None:
+    """A fake endpoint's 200 answer carrying ``obj`` as JSON."""
+    out = json.dumps(obj).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(out)))
+    handler.end_headers()
+    handler.wfile.write(out)
+
 def block(*objs, junk=()):
     return "Here are my edits:\n```edits\n" + "\n".join([json.dumps(o) for o in objs] + list(junk)) + "\n```\n"
 
@@ -199,13 +209,8 @@ def test_endpoint_proposer_posts_chat_completions(monkeypatch):
         def do_POST(self):
             seen["path"], seen["auth"] = self.path, self.headers.get("Authorization")
             seen["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            out = json.dumps({"choices": [{"message": {"content": block({"op": "insert", "section": "S",
-                                                                          "text": "t"})}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+            reply_json(self, {"choices": [{"message": {"content": block({"op": "insert", "section": "S",
+                                                                          "text": "t"})}}]})
 
         def log_message(self, *a):
             pass

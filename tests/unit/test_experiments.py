@@ -102,6 +102,20 @@ def test_env_sections_compose_from_plain_overrides_and_match_the_dataclass_defau
         assert cfg.env.docvqa.observation_chars == 123 and cfg.env.sandbox.wall_s == 5
 
 
+def test_prompt_section_composes_from_plain_overrides_and_matches_the_dataclass_defaults():
+    """``prompt.optimiser=skill prompt.skill.url=...`` are plain overrides (they were "Key 'prompt' is not in
+    struct" from the command line); the Hydra tree's prompt defaults are PromptConfig's."""
+    import dataclasses
+
+    from esopt_mp.prompt.config import PromptConfig
+
+    assert _compose()["prompt"] == dataclasses.asdict(PromptConfig())
+    cfg = build_config(_compose("prompt.optimiser=skill", "prompt.skill.proposer=endpoint", "prompt.skill.model=m",
+                                "prompt.skill.url=http://127.0.0.1:9", "prompt.skill.timeout_s=5"), 1)
+    assert (cfg.prompt.optimiser, cfg.prompt.skill.url, cfg.prompt.skill.timeout_s) == ("skill", "http://127.0.0.1:9", 5)
+    assert build_config(_compose(), 1).hash() == build_config(_compose("prompt.optimiser=none"), 1).hash()
+
+
 @pytest.mark.slow
 def test_launch_train_takes_an_env_docvqa_override():
     """The repro through launch/train.py: the override reaches the config check (which names the key)."""

@@ -18,20 +18,23 @@ def _worker(rank, world, dp, run_dir, out):
     from tests.unit.test_prompt_run import ScoredEnv, _cfg
 
     torch.set_num_threads(1)
-    objective.make = lambda name, **kw: ScoredEnv()
-    cfg = _cfg(run_dir)
-    cfg.parallel.dp = dp
-    cfg.env.n_eval, cfg.env.eval_repeats, cfg.env.eval_temperature = 2, 2, 0.7  # 4 held-out episodes
-    dims = init_distributed(discover(), dp, 1)
-    tr = ESTrainer(cfg, dims)
-    for t in range(3):
-        tr.step(t)
-    state = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
-    text = tr.context.text
-    seen, render = [], tr.context.render  # held-out episodes: the context each one played, by its global slot
-    tr.context.render = lambda seed, slot: seen.append((slot, seed, render(seed, slot))) or seen[-1][2]
-    held_out = tr.evaluate()
-    tr.close()
+    make, objective.make = objective.make, lambda name, **kw: ScoredEnv()
+    try:  # the one-process run shares pytest's process: leave the module as it was
+        cfg = _cfg(run_dir)
+        cfg.parallel.dp = dp
+        cfg.env.n_eval, cfg.env.eval_repeats, cfg.env.eval_temperature = 2, 2, 0.7  # 4 held-out episodes
+        dims = init_distributed(discover(), dp, 1)
+        tr = ESTrainer(cfg, dims)
+        for t in range(3):
+            tr.step(t)
+        state = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+        text = tr.context.text
+        seen, render = [], tr.context.render  # held-out episodes: the context each one played, by its global slot
+        tr.context.render = lambda seed, slot: seen.append((slot, seed, render(seed, slot))) or seen[-1][2]
+        held_out = tr.evaluate()
+        tr.close()
+    finally:
+        objective.make = make
     torch.save({"state": state, "text": text, "eval": held_out, "seen": seen}, f"{out}.{rank}")
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import esopt_mp.agent.objective as ob
 from esopt_mp.config import EnvConfig
+from esopt_mp.objectives import Member
 
 
 def _objective(cfg, leader, calls):
@@ -40,7 +41,7 @@ def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, re
     assert calls["episodes"] == 5 * repeats
     assert calls["run"] == calls["follow"] == -(-5 * repeats // max_browsers)
     calls.update(run=0, follow=0)
-    member = types.SimpleNamespace(step=0, index=0)
+    member = Member(step=0, index=0, seed=1, sign=1)
     for leader in (True, False):
         _objective(cfg, leader, calls).evaluate(None, member)
     assert calls["run"] == calls["follow"] == -(-6 // max_browsers)

@@ -114,7 +114,7 @@ class AgentObjective:
 
         ``render``: (seed, slot) -> the context text of that episode, instead of the context run's current one (a
         candidate skill under validation); ``tags["context"]`` then names it in the trajectories file. ``slots``:
-        each episode's place in the whole set it belongs to, the same at every layout (training: pair *
+        each episode's place in the whole set it belongs to, the same at every layout (training: step + pair *
         episodes_per_step + episode; held-out: its global index; default: its index here); ``ctx_seeds``: the
         seed each episode's context is rendered with (default: its episode seed).
         """
@@ -256,9 +256,10 @@ class AgentObjective:
 
         The proposal is made once, by dp group 0 (policy: its TP leader with its peers following) or rank 0
         (endpoint), sampled with the seed (run seed, step, batch), and broadcast: every rank merges the same edits.
-        If the policy's generation raises on the leader (out of memory, a tokenizer error), its TP peers are
-        released from their follow (:func:`generate_texts` ends it) and an error marker is broadcast instead of
-        the texts, so every rank raises the same error at once rather than waiting out ``parallel.timeout_s``.
+        If the policy's generation raises on the leader before the sharded forward (a tokenizer error; at tp=1 any
+        error), its TP peers are released from their follow (:func:`generate_texts` ends it) and an error marker is
+        broadcast instead of the texts, so every rank raises the same error at once rather than waiting out
+        ``parallel.timeout_s``; a failure inside the sharded forward at tp > 1 leaves the peers in it.
         """
         endpoint = None
         if cfg.proposer == "endpoint":

@@ -142,6 +142,16 @@ class ContextOptimiser(Protocol):
         ...
 
 
+def write_atomic(path: str, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, never a torn file: a temporary file, fsynced, renamed."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class ContextStore:
     """``run_dir/contexts/<hash>.txt``; a text is written once and checked against its hash when read."""
 
@@ -154,12 +164,7 @@ class ContextStore:
         path = os.path.join(self.dir, f"{h}.txt")
         if self.write_ok and not os.path.exists(path):
             os.makedirs(self.dir, exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, text)
         return h
 
     def get(self, h: str) -> str:

@@ -60,8 +60,9 @@ class ContextRun:
         first = entries[0].get("context") if entries else self.initial_hash
         if first != self.initial_hash:
             raise ValueError(f"the ledger's first context is {first}, this configuration starts from "
-                             f"{self.initial_hash}: prompt.*, the problem's seed program or the initial context's format (a newer "
-                             f"esopt_mp) changed; resume with the version that started the run, or start a new run.dir")
+                             f"{self.initial_hash}: prompt.*, the problem's seed program or the initial context's "
+                             f"format (a newer esopt_mp) changed; resume with the version that started the run, or "
+                             f"start a new run.dir")
         if hasattr(self.optimiser, "restore"):  # e.g. skill synthesis: its evaluations so far, its skill.jsonl
             self.optimiser.restore(entries)
         if not entries:

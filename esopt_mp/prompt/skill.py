@@ -22,7 +22,7 @@ import math
 import os
 from typing import Callable
 
-from esopt_mp.prompt.base import Trajectory, context_hash
+from esopt_mp.prompt.base import Trajectory, context_hash, write_atomic
 from esopt_mp.prompt.skill_edits import apply_edits, merge, parse_edits, render_skill, parse_skill
 
 log = logging.getLogger(__name__)
@@ -167,12 +167,7 @@ class SkillSynthesis:
                 keep.append(line)
         if len(keep) != len(lines):
             log.warning("%s: %d records of steps past the ledger removed", self.log_path, len(lines) - len(keep))
-        tmp = f"{self.log_path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(ln + "\n" for ln in keep))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.log_path)
+        write_atomic(self.log_path, "".join(ln + "\n" for ln in keep))
 
     def _write(self, rec: dict) -> None:
         if self.log_path:

@@ -1,5 +1,6 @@
 """Memory sampler, profiling shapes, the fits-in-memory check and memprof's one-line errors."""
 import logging
+import mmap
 import os
 import sys
 import time
@@ -20,9 +21,12 @@ def test_sampler_sees_a_200mb_buffer_in_its_phase():
     s.mark("idle")
     time.sleep(0.05)
     s.mark("alloc")
-    buf = torch.ones(200 * MB, dtype=torch.uint8)  # touches every page
+    # A fresh anonymous mapping, not torch.ones: in a long pytest process malloc can serve
+    # 200 MB from pages a previous test freed but left resident, and RSS would not move.
+    mm = mmap.mmap(-1, 200 * MB)
+    torch.frombuffer(mm, dtype=torch.uint8).fill_(1)  # touches every page
     time.sleep(0.05)
-    del buf
+    mm.close()  # unmapped: the pages leave RSS now
     s.mark("freed")
     time.sleep(0.05)
     s.stop()
@@ -79,6 +83,7 @@ def test_nvml_import_failure_is_a_notice(caplog, monkeypatch):
 
 
 def test_meta_4b_has_the_published_size_without_allocating():
+    param_count(shape_config("0.4b"))  # the first call imports transformers' model code (~230 MB of RSS)
     rss = psutil.Process().memory_info().rss
     n = param_count(shape_config("4b"))
     assert 4.0e9 < n < 4.4e9, n

@@ -14,3 +14,14 @@ def test_no_test_directory_matches_norecursedirs(request):
     assert {"unit", "distributed", "e2e"} <= set(dirs)
     skipped = [d for d in dirs if any(fnmatch.fnmatch(d, p) for p in patterns)]
     assert not skipped, f"pytest would never collect tests/{skipped}: norecursedirs {patterns}"
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run calls the same pytest command the README gives a newcomer (options included)."""
+    import re
+
+    root = os.path.dirname(TESTS)
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    (cmd,) = re.findall(r'pip install -e "\.\[test\]" && (python -m pytest[^\n]*)', readme)
+    ci = [line.split("#")[0].strip() for line in open(os.path.join(root, ".ci", "run"), encoding="utf-8")]
+    assert cmd.strip() in ci, (cmd, [c for c in ci if "pytest" in c])

@@ -188,11 +188,13 @@ class AgentObjective:
         scores = []
         for task in self.step_tasks(step):
             env = self._make_env(1)
-            env.reset(task)
-            info = env.step(f"```python\n{code.rstrip()}\n```")[4]
-            close = getattr(env, "close", None)
-            if close:
-                close()
+            try:
+                env.reset(task)
+                info = env.step(f"```python\n{code.rstrip()}\n```")[4]
+            finally:  # an env holding a sandbox or a browser is closed also when it raised
+                close = getattr(env, "close", None)
+                if close:
+                    close()
             if info.get("error") is not None or info.get("score") is None:
                 return None
             scores.append(float(info["score"]))

@@ -287,3 +287,26 @@ def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env, mi
             made.setdefault(p.code, operator(1, tr.slot))
     kids = [p for p in pop if p["op"] != "seed"]
     assert kids and all(p["op"] == f"{made[p['code']]}@0" and "thought" in p for p in kids)
+
+
+def test_score_program_closes_the_env_also_when_it_raises(tmp_path, monkeypatch):
+    import esopt_mp.agent.objective as objective
+
+    closed = []
+
+    class Failing(ScoredEnv):
+        def step(self, text):
+            raise RuntimeError("sandbox died")
+
+        def close(self):
+            closed.append(True)
+
+    torch.set_num_threads(1)
+    t = _trainer(_cfg(tmp_path / "run", mode="prompt_only"))  # its seed scoring ran the real env
+    monkeypatch.setattr(objective, "make", lambda name, **kw: Failing())
+    try:
+        with pytest.raises(RuntimeError, match="sandbox died"):
+            t.objective.score_program("def score(item, bins):\n    return bins")
+        assert closed == [True]
+    finally:
+        t.close()

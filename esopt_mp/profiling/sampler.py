@@ -132,9 +132,11 @@ class MemorySampler:
 
     # ------------------------------------------------------------------ sampling
     def sample(self) -> tuple[float, int, int | None]:
-        s = (time.perf_counter() - self.t0, int(self.proc.memory_info().rss),
-             self.nvml.used() if self.nvml is not None else None)
+        # time and readings under the lock that mark() takes to start a phase: a sample is read wholly before or
+        # wholly after a mark (the thread, timed in one phase and stalled, once read the next phase's RSS into it)
         with self._lock:
+            s = (time.perf_counter() - self.t0, int(self.proc.memory_info().rss),
+                 self.nvml.used() if self.nvml is not None else None)
             self.samples.append(s)
         return s
 
@@ -193,7 +195,8 @@ class MemorySampler:
             torch.cuda.reset_peak_memory_stats()
         if self.hwm_resettable:
             _reset_hwm()
-        self.marks.append((time.perf_counter() - self.t0, phase))
+        with self._lock:
+            self.marks.append((time.perf_counter() - self.t0, phase))
         self.sample()
 
     def phase_at(self, t: float) -> str | None:

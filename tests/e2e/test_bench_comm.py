@@ -37,4 +37,5 @@ def test_tp_channel_is_counted_and_es_is_small_next_to_a_gradient(bench):
     assert tp["es_per_step"]["counted_by_op_all_ranks"]["broadcast"]["calls"] > 0
     assert tp["grad_allreduce_fp32"]["counted_sent_bytes"] == 0  # dp = 1: no replicas to average over
     dp = bench["layouts"]["dp2_tp1"]
-    assert dp["grad_over_es_kernel_bytes"] > 10  # both measured by the kernel
+    if bench["lo_isolated"]:  # else other processes' loopback traffic (e.g. a second test worker) counts too
+        assert dp["grad_over_es_kernel_bytes"] > 10  # both measured by the kernel

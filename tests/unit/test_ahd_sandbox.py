@@ -30,7 +30,7 @@ BROKEN = {  # what the code does -> the reason contains one of these
 
 @pytest.fixture(scope="module")
 def sb():
-    return Sandbox(SandboxLimits(wall_s=3, cpu_s=3, memory_mb=512, nproc=16, output_bytes=8 << 20))
+    return Sandbox(SandboxLimits(wall_s=8, cpu_s=3, memory_mb=512, nproc=16, output_bytes=8 << 20))
 
 
 def few(p):

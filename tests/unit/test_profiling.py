@@ -41,6 +41,34 @@ def test_sampler_sees_a_200mb_buffer_in_its_phase():
     assert len(tl["t"]) == len(tl["host_rss"]) >= 7 and tl["device"] is None and len(tl["marks"]) == 3
 
 
+def test_a_sample_is_read_wholly_before_or_after_a_mark(monkeypatch):
+    """The sampler thread times a sample, stalls, then reads RSS: the reading must not land after the next mark."""
+    import threading
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(sampler_mod, "_reset_hwm", lambda: False)  # the samples only, not the kernel's VmHWM
+    s = MemorySampler(0.005, use_nvml=False, cuda=False)
+    rss, reading = [100 * MB], threading.Event()
+
+    class SlowProc:
+        def memory_info(self):
+            if threading.current_thread() is not threading.main_thread() and not reading.is_set():
+                reading.set()
+                time.sleep(0.2)  # the thread stalls between its timestamp and its reading
+            return SimpleNamespace(rss=rss[0])
+
+    s.proc = SlowProc()
+    s.start()
+    s.mark("idle")
+    assert reading.wait(5)
+    s.mark("alloc")
+    rss[0] = 300 * MB  # allocated once the phase has begun
+    time.sleep(0.05)
+    s.stop()
+    peaks = s.phase_peaks()
+    assert peaks["idle"]["host_peak_bytes"] == 100 * MB and peaks["alloc"]["host_peak_bytes"] == 300 * MB, peaks
+
+
 def test_sampler_thread_samples_between_marks():
     """The background thread, not the marks, produces the timeline (about one sample per interval)."""
     s = MemorySampler(0.01, use_nvml=False, cuda=False).start()

@@ -191,10 +191,8 @@ class AgentObjective:
             try:
                 env.reset(task)
                 info = env.step(f"```python\n{code.rstrip()}\n```")[4]
-            finally:  # an env holding a sandbox or a browser is closed also when it raised
-                close = getattr(env, "close", None)
-                if close:
-                    close()
+            finally:  # an env holding a sandbox or a browser is closed also when it raised, as _play does
+                getattr(env, "close", lambda: None)()
             if info.get("error") is not None or info.get("score") is None:
                 return None
             scores.append(float(info["score"]))

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps, restore_run_
 from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.config import TrainConfig
+from esopt_mp.envs.base import FAILURE_KINDS
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.identity import diff_identity
 from esopt_mp.ledger import updates_digest
@@ -209,6 +210,7 @@ class ESTrainer:
                 restore_s += _since(t1)
         t_eval = time.perf_counter()
         returns = gather_returns(local, es.population, dims)
+        failures = self._episode_failures()
         weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()
         if alpha > 0.0:
@@ -222,6 +224,8 @@ class ESTrainer:
             "weights": [float(w) for w in weights], "sigma": sigma, "alpha": alpha, "weight_decay": es.weight_decay,
             "wall_time": time.time(),
         }
+        if failures is not None:  # failed episodes by kind: the model's (scored as losses) and the infrastructure's
+            record["failures"] = failures
         if self.context is not None:  # context played, context after the step, programs evaluated
             record.update(self.context.step(t, self._step_trajectories()))
         self.ledger.append(record)
@@ -230,10 +234,20 @@ class ESTrainer:
             self.health.check(t, returns, weights, getattr(self.objective, "recent_errors", []))
         return {"step": t, "sigma": sigma, "alpha": alpha,
                 "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
-                "failed": es.population - len(ok), "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
+                "failed": es.population - len(ok), **({"episodes_failed": failures} if failures else {}),
+                "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
                 "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
                 "comm_bytes_total": self.comm.total,
                 **({"context": record["context_next"], "programs": record["programs"]} if self.context else {})}
+
+    def _episode_failures(self) -> dict | None:
+        """The step's failed training episodes by kind, summed over every rank (one small all-reduce); None for
+        objectives that play no episodes."""
+        take = getattr(self.objective, "take_failures", None)
+        if take is None:
+            return None
+        counts = self.dims.comm.all_reduce(torch.tensor(take(), dtype=torch.float64), "sum", "world")
+        return {k: int(c) for k, c in zip(FAILURE_KINDS, counts.tolist())}
 
     def _step_trajectories(self) -> list:
         """All dp groups' training trajectories of this step, on every rank, in member order (as one group

@@ -19,7 +19,7 @@ import torch
 from esopt_mp.agent.chat import IM_END, delta_text, opening_text
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
-from esopt_mp.envs.base import call_envs
+from esopt_mp.envs.base import InfraError, call_envs, failure_return
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class Episode:
     ended: str = ""  # terminated | truncated | turn_budget | token_budget | failed
     turns: list = dataclasses.field(default_factory=list)
     error: str | None = None
+    failure: str | None = None  # failed episodes: model | wall_clock (scored the env's failure_return) | infra (NaN)
     seconds: float = 0.0
     token_ids: list = dataclasses.field(default_factory=list)
     spans: list = dataclasses.field(default_factory=list)  # [start, end) of each turn's generated tokens in token_ids
@@ -117,8 +118,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     resets = call_envs([(env, "reset", task) for env, task in zip(envs, tasks)], cfg.env_workers)  # at once if allowed
     for i, (out, err, secs) in enumerate(resets):
         start[i] = time.perf_counter() - secs
-        if err is not None:  # any env failure marks the episode, never the step
-            _fail(episodes[i], f"reset: {type(err).__name__}: {err}")
+        if err is not None:  # any env failure marks the episode, never the step; reset sees no model text
+            _fail(episodes[i], f"reset: {type(err).__name__}: {err}", "infra")
             continue
         msgs, _ = out
         if contexts and contexts[i]:
@@ -141,8 +142,9 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
         for i, g, s0, (out, err, env_s) in zip(live, gens, starts, steps):
             ep = episodes[i]
             ep.spans.append((s0, s0 + len(g.token_ids)))
-            if err is not None:
-                _fail(ep, f"step {len(ep.turns) + 1}: {type(err).__name__}: {err}")
+            if err is not None:  # the model's text made the env fail, unless the env says its infrastructure did
+                kind = "infra" if isinstance(err, InfraError) else "model"
+                _fail(ep, f"step {len(ep.turns) + 1}: {type(err).__name__}: {err}", kind, envs[i])
                 continue
             msgs, reward, term, trunc, info = out
             ep.turns.append({"prompt": prompts[i], "prompt_tokens": len(new_ids[i]), "response": g.text, "response_tokens": len(g.token_ids), "finish": g.finish,
@@ -151,7 +153,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
                              "info": _jsonable(info)})
             elapsed = time.perf_counter() - start[i]
             if elapsed > cfg.episode_timeout_s:
-                _fail(ep, f"wall clock {elapsed:.1f} s exceeds {cfg.episode_timeout_s:g} s")
+                _fail(ep, f"wall clock {elapsed:.1f} s exceeds {cfg.episode_timeout_s:g} s", "wall_clock", envs[i])
                 continue
             if term or trunc or len(ep.turns) >= budget[i]:
                 ep.ret = float(reward)
@@ -239,9 +241,12 @@ def _out_of_tokens(ep: Episode, ret: float, seconds: float) -> None:
     log.info("episode %s: token budget spent after %d turns", ep.id, len(ep.turns))
 
 
-def _fail(ep: Episode, error: str) -> None:
-    ep.ret, ep.ended, ep.error = math.nan, "failed", error
-    log.warning("episode %s failed: %s", ep.id, error)
+def _fail(ep: Episode, error: str, kind: str, env=None) -> None:
+    """End ``ep`` as failed: an infrastructure fault is NaN (left out of the mean), the model's own failure scores
+    ``env``'s failure return (counted like a loss, never a free pass)."""
+    ep.ret = math.nan if kind == "infra" else failure_return(env)
+    ep.ended, ep.error, ep.failure = "failed", error, kind
+    log.warning("episode %s failed (%s): %s", ep.id, kind, error)
 
 
 def _jsonable(x):

@@ -8,8 +8,10 @@ unperturbed weights, spread over the dp groups, each sample seeded by
 (question, sample) only: the same streams at every evaluation and across a resume
 (common random numbers: before and after are comparable); all-reduces give every rank the Mean@k (mean return) and
 Pass@k (per question the best of k) that one group playing all would get; a
-failed held-out episode counts as 0 there (training returns keep NaN: ES shapes
-over the finite ones).
+failed held-out episode counts as 0 there. In training, an episode the model failed
+(an environment error its text caused, its wall clock) scores the environment's
+failure return; only an infrastructure fault is NaN and left out of the member's
+mean. Each kind is counted (:meth:`AgentObjective.take_failures`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import dataclasses
 import logging
 import math
 import random
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -24,7 +27,7 @@ import torch
 from esopt_mp.agent.loop import AgentConfig, follow_episodes, generate_texts, run_episodes, write_trajectories
 from esopt_mp.data import resolve
 from esopt_mp.engine.hf import HFEngine
-from esopt_mp.envs import make
+from esopt_mp.envs import FAILURE_KINDS, make
 from esopt_mp.envs.sandbox import Sandbox
 from esopt_mp.es.seeds import stream_seed
 
@@ -97,6 +100,7 @@ class AgentObjective:
         self.last_eval: dict = {}  # the last held-out evaluation: Mean@k, Pass@k, thresholded accuracy
         self.context = None  # a context run (esopt_mp/prompt/run.py): its render(seed, slot) joins each system prompt
         self.trajectories: list = []  # the training episodes of the current step, for the context optimiser
+        self.failures: Counter = Counter()  # failed training episodes this rank played, by kind, since the last take
 
     def _play(self, tasks, seeds, cfg, render=None, failed_as_zero=False, **tags) -> tuple[float, int]:
         """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers. ``failed_as_zero``:
@@ -150,7 +154,14 @@ class AgentObjective:
             self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract, k,
                                                         tags.get("step", -1)) for k, e in zip(slots, eps)]
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
+        if tags.get("kind") == "train":
+            self.failures.update(e.failure for e in eps if e.failure)
         return eps
+
+    def take_failures(self) -> list[int]:
+        """Failed training episodes this rank played since the last call, per kind of ``FAILURE_KINDS``."""
+        counts, self.failures = self.failures, Counter()
+        return [counts[k] for k in FAILURE_KINDS]
 
     def _make_env(self, max_turns: int):
         """A fresh environment of ``env.name`` with its own config section (each episode gets its own)."""
@@ -217,9 +228,10 @@ class AgentObjective:
         """Mean@k on every rank (k = ``eval_repeats`` samples per held-out question); Pass@k in ``last_eval``.
 
         Sample s of question q is seeded by (q, s), whichever dp group plays it and whichever evaluation this
-        is: group g plays the episodes g, g + dp, ... of the question-major list. A failed episode (NaN return: the wall clock, an env
-        error) scores 0 -- a failure is not an answer -- and is counted in ``failed``. Two all-reduces: (sum,
-        count, above half, failed) and, per question, the best return (Pass@k: the mean over questions of the
+        is: group g plays the episodes g, g + dp, ... of the question-major list. A failed episode scores 0 (an infrastructure
+        fault) or the environment's failure return (the model's error, its wall clock) -- a failure is not an
+        answer -- and is counted in ``failed``, by kind in ``failures``. Two all-reduces: (sum, count, above half,
+        failures by kind) and, per question, the best return (Pass@k: the mean over questions of the
         best of k).
         """
         r, k, n = self.eval_round, self.cfg.eval_repeats, len(self.eval_tasks)
@@ -229,24 +241,25 @@ class AgentObjective:
         if self.dims.is_tp_leader:
             eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, slots=mine, kind="eval",
                             round=r)
-            failed = sum(math.isnan(ep.ret) for ep in eps)
+            kinds = Counter(ep.failure for ep in eps if ep.failure)
             rets = [(e // k, 0.0 if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
         else:  # one follow per batch of env.web.max_browsers episodes the leader plays
             self._follow(len(mine), self.eval_cfg)
-            rets, failed = [], 0
+            rets, kinds = [], Counter()
         best = torch.full((n,), -math.inf, dtype=torch.float64)
         for q, ret in rets:
             best[q] = max(best[q].item(), ret)
-        stats = torch.tensor([sum(x for _, x in rets), len(rets), sum(x > 0.5 for _, x in rets), failed],
-                             dtype=torch.float64)
-        total, count, above, failed = self.dims.comm.all_reduce(stats, "sum", "world").tolist()
+        stats = torch.tensor([sum(x for _, x in rets), len(rets), sum(x > 0.5 for _, x in rets),
+                              *(kinds[f] for f in FAILURE_KINDS)], dtype=torch.float64)
+        total, count, above, *kinds = self.dims.comm.all_reduce(stats, "sum", "world").tolist()
         best = self.dims.comm.all_reduce(best, "max", "world")
         played = best[best > -math.inf]
         mean = total / count if count else math.nan
         self.last_eval = {"k": k, "questions": n, f"mean@{k}": mean,
                           f"pass@{k}": played.mean().item() if len(played) else math.nan,
                           "above_half": above / count if count else math.nan,  # thresholded accuracy (ANLS > 0.5)
-                          "failed": int(failed)}  # episodes that scored 0 because they failed
+                          "failed": int(sum(kinds)),  # episodes that scored 0 (or the failure return): failed
+                          "failures": {f: int(c) for f, c in zip(FAILURE_KINDS, kinds)}}
         return mean
 
     def skill_hooks(self, cfg) -> dict:

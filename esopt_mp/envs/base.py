@@ -6,6 +6,15 @@ messages to append (environment feedback, usually one user message), the
 reward (0 until the episode ends: a terminal-reward setting), and whether the
 episode ended by itself (terminated) or ran out of budget (truncated). The
 agent loop enforces the turn and token budgets on top of ``max_turns``.
+
+Failures, and who they count against. ``step`` must not raise on anything the model writes: bad text is feedback.
+An episode that fails because of what the model wrote or did -- ``step`` raised anything but
+:class:`InfraError`, or the episode overran its wall clock -- scores the environment's ``failure_return`` (0
+unless the environment says otherwise: a heuristic's failure score) and counts, so a perturbation that makes
+episodes crash cannot score higher than one that loses them. Only :class:`InfraError` (and any failure at
+``reset``, which sees no model text) marks the infrastructure: a site down, a sandbox that could not start, a
+browser that died. Those episodes are left out of the member's mean (their return is NaN). Each kind is counted
+(:data:`FAILURE_KINDS`) in the ledger and the step log.
 An environment whose instances wait on I/O and may run side by side (one
 browser each, or a sandbox process per tool call) says ``concurrent = True``: :func:`call_envs` then runs
 the resets, or the steps of one turn, of a batch on a bounded number of threads.
@@ -20,6 +29,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, Any]
+FAILURE_KINDS = ("model", "wall_clock", "infra")  # the model's error, its wall clock, the infrastructure's fault
+
+
+class InfraError(RuntimeError):
+    """The infrastructure failed the episode (not the model): its return is left out of the member's mean."""
+
+
+def failure_return(env) -> float:
+    """What an episode of ``env`` that failed by the model's doing scores: ``env.failure_return``, else 0."""
+    value = float(getattr(env, "failure_return", 0.0))
+    if value != value:
+        raise ValueError(f"{type(env).__name__}.failure_return is NaN: it must be a return the model can beat")
+    return value
 
 
 @runtime_checkable

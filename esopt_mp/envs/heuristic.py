@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from esopt_mp.envs.toolcalls import build_parser
+from esopt_mp.envs.toolcalls import build_parser, clean_text
 from esopt_mp.envs.base import register
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
@@ -67,11 +67,13 @@ def lower_bound(items: list[int], capacity: int = CAPACITY) -> int:
 
 
 def extract_code(text: str, parser) -> str | None:
+    """The reply's last ```python block, else a tool call's ``code`` text, else the reply if it defines score."""
+    text = clean_text(text)  # a lone surrogate cannot reach the sandbox's pipe
     blocks = _CODE.findall(text)
     if blocks:
         return blocks[-1]
     for call in parser.parse(text):
-        if "code" in call.arguments:
+        if isinstance(call.arguments.get("code"), str):
             return call.arguments["code"]
     return text if "def score" in text else None
 
@@ -168,6 +170,14 @@ class HeuristicEnv:
         prompt = f"Baseline heuristic:\n```python\n{self.problem.reference()}```\nImprove on it."
         return ([{"role": "system", "content": self.problem.system_prompt()}, {"role": "user", "content": prompt}],
                 {"id": task.get("id")})
+
+    @property
+    def failure_return(self) -> float:
+        """What an episode the model failed (its crash, its wall clock) scores: the score of no program on the
+        task's instances (the problem's failure score; no sandbox runs for it)."""
+        if self.task is None:
+            raise RuntimeError("failure_return before reset(): it depends on the task's instances")
+        return self.problem.evaluate("", self.instances, self.sandbox).score
 
     def step(self, assistant_text: str):
         if self.task is None:

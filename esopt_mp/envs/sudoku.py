@@ -17,6 +17,7 @@ import re
 from esopt_mp.envs.base import register
 
 ACTION = re.compile(r"set\s+(-?\d+)\s+(-?\d+)\s+(-?\d+)", re.IGNORECASE)
+_DIGITS = 6  # a longer number is out of range whatever it is (and int() refuses 4300+ digits)
 
 
 def _box(size: int) -> int:
@@ -247,7 +248,7 @@ class SudokuEnv:
         n = self.size
         if not m:
             return "invalid format: expected 'set <row> <col> <value>'"
-        r, c, v = (int(x) for x in m.groups())
+        r, c, v = (int(x) if len(x) <= _DIGITS else 0 for x in m.groups())
         if not (1 <= r <= n and 1 <= c <= n and 1 <= v <= n):
             return f"out of range: row and column must be 1..{n}, value 1..{n}"
         if self.givens[r - 1][c - 1]:

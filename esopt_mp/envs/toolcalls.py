@@ -33,6 +33,16 @@ _FUNC = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
 
+def clean_text(s: str) -> str:
+    """``s`` as valid UTF-8 text: a lone surrogate (a JSON ``\\ud800`` escape) becomes U+FFFD, so whatever runs
+    the argument (a sandbox writing it to a pipe) can encode it."""
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def _clean(v):
+    return clean_text(v) if isinstance(v, str) else v
+
+
 class QwenXMLParser:
     name = "qwen_xml"
 
@@ -40,7 +50,7 @@ class QwenXMLParser:
         calls = []
         for block in _BLOCK.findall(text):
             for fname, body in _FUNC.findall(block):
-                calls.append(ToolCall(fname, {k: v for k, v in _PARAM.findall(body)}))
+                calls.append(ToolCall(clean_text(fname), {clean_text(k): clean_text(v) for k, v in _PARAM.findall(body)}))
         return calls
 
 
@@ -58,9 +68,12 @@ class HermesJSONParser:
                 args = obj.get("arguments", {})
                 if isinstance(args, str):
                     args = json.loads(args)
-                calls.append(ToolCall(str(obj["name"]), dict(args)))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                calls.append(ToolCall("", {}, error=f"malformed JSON tool call: {e}"))
+                if not isinstance(obj["name"], str) or not isinstance(args, dict):
+                    raise TypeError("'name' must be a string and 'arguments' an object")
+                calls.append(ToolCall(clean_text(obj["name"]), {clean_text(k): _clean(v) for k, v in args.items()}))
+            except (KeyError, TypeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+                reason = "nested too deeply" if isinstance(e, RecursionError) else clean_text(str(e))[:200]
+                calls.append(ToolCall("", {}, error=f"malformed JSON tool call: {reason}"))
         return calls
 
 

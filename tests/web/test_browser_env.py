@@ -13,10 +13,10 @@ import psutil
 import pytest
 
 from esopt_mp.agent.loop import AgentConfig, run_episodes
-from esopt_mp.envs import make
+from esopt_mp.envs import InfraError, make
 from esopt_mp.envs.web import demo
 from esopt_mp.envs.web.config import WebConfig
-from esopt_mp.envs.web.env import close_all
+from esopt_mp.envs.web.env import BrowserFault, close_all
 from tests.web.conftest import SITES
 from tests.web.scripted import ScriptedEngine
 
@@ -163,7 +163,7 @@ def test_site_dying_mid_episode_fails_that_episode_and_the_batch_goes_on():
     envs = [make("webarena_lite", max_turns=3, web=CFG) for _ in tasks]
     replies = [[f'goto("{url}/?seed=1")'], *([f'send_msg_to_user("{demo.code_of(t["seed"])}")'] for t in tasks[1:])]
     eps = run_episodes(_SiteKiller(replies, srv), envs, tasks, [0, 1, 2], AgentConfig(max_turns=3))
-    assert math.isnan(eps[0].ret) and eps[0].ended == "failed", eps[0]
+    assert math.isnan(eps[0].ret) and eps[0].ended == "failed" and eps[0].failure == "infra", eps[0]
     assert "SiteDown" in eps[0].error and f"site demo ({url}) stopped answering" in eps[0].error
     assert [(e.ret, e.ended) for e in eps[1:]] == [(1.0, "terminated")] * 2
     assert all(e.gym is None for e in envs) and not _browsers()
@@ -173,11 +173,12 @@ def test_site_dying_mid_episode_fails_that_episode_and_the_batch_goes_on():
 
 
 def test_step_past_its_time_limit_raises_and_closes():
-    """A browser step slower than env.web.step_timeout_s is a fault (the loop makes the return NaN)."""
+    """A browser step slower than env.web.step_timeout_s is an infrastructure fault (the loop makes the return
+    NaN: left out of the member's mean)."""
     e = make("webarena_lite", max_turns=4, web=CFG)
     obs = e.reset(demo.tasks(1)[0])[0][-1]["content"]  # playwright's own timeout: 20 s
     e.cfg = dataclasses.replace(CFG, step_timeout_s=1e-4)  # the wall-clock limit every real step exceeds
-    with pytest.raises(TimeoutError, match="env.web.step_timeout_s=0.0001"):
+    with pytest.raises(BrowserFault, match="env.web.step_timeout_s=0.0001"):
         e.step(f'fill("{_bid(obs, "textbox", "Name")}", "Ada")')
     assert e.gym is None and not _browsers()
     with pytest.raises(Exception, match="Timeout 10ms exceeded"):  # a reset past playwright's timeout (its own error)
@@ -216,7 +217,7 @@ def test_a_page_that_never_yields_is_killed_at_the_step_time_limit():
                              daemon=True)
         t.start()
         t.join(60)  # without the kill the click never returns
-        assert done and isinstance(done[0], TimeoutError), done
+        assert done and isinstance(done[0], BrowserFault) and isinstance(done[0], InfraError), done
         assert "env.web.step_timeout_s=3" in str(done[0]) and "killed its" in str(done[0])
         assert e.gym is None and not _browsers()
         assert close_all() == 0

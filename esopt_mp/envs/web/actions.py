@@ -36,6 +36,7 @@ USAGE = ('click("12") | fill("12", "text") | select_option("12", "option") | hov
 _CALL = re.compile(r"\b(" + "|".join(ACTIONS) + r")\s*\(")
 _TAIL = 4000  # characters of the reply searched for the action
 _BIDS = {"click", "fill", "select_option", "hover", "press"}
+_MAX_FLOAT = 1.7976931348623157e308  # a larger int cannot become a float (OverflowError)
 
 
 class ActionError(ValueError):
@@ -47,8 +48,8 @@ def _kind_ok(kind: str, v) -> bool:
         return isinstance(v, str)
     if kind == "i":
         return isinstance(v, int) and not isinstance(v, bool)
-    if kind == "n":  # finite: BrowserGym's scroll passes it to the page's JavaScript
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if kind == "n":  # finite as a float: BrowserGym's scroll passes it to the page's JavaScript
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= _MAX_FLOAT and math.isfinite(v)
     return isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(x, str) for x in v))
 
 
@@ -92,7 +93,7 @@ def parse_action(reply: str) -> str:
         for end in (m.end() for m in re.finditer(r"\)", text[s:])):
             try:
                 return _parse_call(text[s:s + end])
-            except SyntaxError:
+            except (SyntaxError, RecursionError, MemoryError):  # not one expression yet, or nested past any use
                 continue
             except ActionError as e:
                 last_error = e

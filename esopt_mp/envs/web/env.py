@@ -5,8 +5,10 @@ ends, fails or the process exits. Each reply is parsed into one BrowserGym
 high-level action (:mod:`.actions`); an unparseable reply costs a turn and
 returns the parse feedback with the unchanged page. The reward is BrowserGym's
 (the WebArena evaluators for WebArena tasks), given when the task says done.
-Browser faults (a site that stops answering, a step past its time limit)
-raise, and the agent loop turns the episode's return into NaN. A site that
+Browser faults (a site that stops answering, a step past its time limit, a
+browser that died) raise :class:`~esopt_mp.envs.base.InfraError`s, and the
+agent loop leaves the episode out of the member's mean; the episode's own wall
+clock (``episode_timeout_s``) is the model's: it scores 0. A site that
 stops answering mid-episode shows up as a network error of an action or a
 Chromium error page; the task's sites are then probed, and one that does not
 answer is a fault (:class:`SiteDown`), not feedback to the model.
@@ -27,7 +29,7 @@ import urllib.error
 import urllib.request
 import weakref
 
-from esopt_mp.envs.base import register
+from esopt_mp.envs.base import InfraError, register
 from esopt_mp.envs.web import stack, worker
 from esopt_mp.envs.web.actions import USAGE, ActionError, parse_action
 from esopt_mp.envs.web.config import WebConfig
@@ -43,8 +45,12 @@ _CHECKED: dict = {}
 _READY_LOCK = threading.Lock()
 
 
-class SiteDown(RuntimeError):
+class SiteDown(InfraError):
     """A site the task needs stopped answering during the episode."""
+
+
+class BrowserFault(InfraError):
+    """The episode's browser died, or did not answer within a step's time limit."""
 
 
 def close_all() -> int:
@@ -149,8 +155,8 @@ class WebArenaLiteEnv:
             self.gym, self._worker = None, None
             _LIVE.discard(self)
             n = w.kill()
-            raise TimeoutError(f"browser did not answer within env.web.{key}={limit:g} s; "
-                               f"killed its {n} processes") from None
+            why = f"browser did not answer within env.web.{key}={limit:g} s; killed its {n} processes"
+            raise (TimeoutError if key == "episode_timeout_s" else BrowserFault)(why) from None
 
     def close(self) -> int:
         """Close this episode's browser (idempotent) and hand its thread back; 1 if a browser was open."""
@@ -202,15 +208,24 @@ class WebArenaLiteEnv:
             page = {**self.obs, "last_action_error": ""}  # the earlier action's error was shown already
             text = render(page, self._tree(self.obs), self.cfg.obs_tokens, self.goal, feedback=str(e))
             return [{"role": "user", "content": text}], 0.0, False, out_of_turns, {"action": None, "feedback": str(e)}
+        except BaseException:  # parse_action raises nothing else; were it to, the browser is not left open
+            self.close()
+            raise
         try:
             t = time.perf_counter()
             limit = min(t + self.cfg.step_timeout_s, self.t0 + self.cfg.episode_timeout_s)
             key = "step_timeout_s" if limit == t + self.cfg.step_timeout_s else "episode_timeout_s"
-            obs, reward, term, trunc, info = self._call(key, limit, self.gym.step, action)
+            try:
+                obs, reward, term, trunc, info = self._call(key, limit, self.gym.step, action)
+            except (TimeoutError, InfraError):
+                raise
+            except Exception as e:  # a checked action's own errors come back as last_action_error, not raised
+                raise BrowserFault(f"the browser failed the action: {type(e).__name__}: {e}") from e
             step_s, total = time.perf_counter() - t, time.perf_counter() - self.t0
             self._check_sites(obs)
             if step_s > self.cfg.step_timeout_s:
-                raise TimeoutError(f"browser step took {step_s:.1f} s > env.web.step_timeout_s={self.cfg.step_timeout_s:g}")
+                raise BrowserFault(f"browser step took {step_s:.1f} s > "
+                                   f"env.web.step_timeout_s={self.cfg.step_timeout_s:g}")
             if total > self.cfg.episode_timeout_s:
                 raise TimeoutError(f"episode ran {total:.1f} s > env.web.episode_timeout_s={self.cfg.episode_timeout_s:g}")
         except BaseException:

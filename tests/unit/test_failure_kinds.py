@@ -1,0 +1,102 @@
+"""Who a failed episode counts against: the model's own failures score the env's failure return, only the
+infrastructure's are left out of a member's mean, and every kind is counted in the ledger and the step log."""
+import json
+import math
+import time
+
+import pytest
+
+from esopt_mp.agent.loop import AgentConfig, run_episodes
+from esopt_mp.config import build_config
+from esopt_mp.envs import FAILURE_KINDS, InfraError
+from esopt_mp.parallel import LaunchEnv, init_distributed
+from tests.web.scripted import ScriptedEngine
+
+
+class ScriptedEnv:
+    """One turn; what the step does is the task's ``do``: win, crash (the model's text broke it), infra, slow."""
+
+    max_turns = 1
+    failure_return = -2.0
+
+    def reset(self, task):
+        if task["do"] == "reset":
+            raise OSError("the sandbox could not start")
+        self.task = task
+        return [{"role": "user", "content": "go"}], {}
+
+    def step(self, text):
+        do = self.task["do"]
+        if do == "crash":
+            raise RecursionError("maximum recursion depth exceeded")
+        if do == "infra":
+            raise InfraError("site shopping stopped answering")
+        if do == "slow":
+            time.sleep(0.05)
+        return [], 1.0, True, False, {}
+
+
+def test_each_failure_kind_scores_as_it_should():
+    tasks = [{"id": d, "do": d} for d in ("win", "crash", "infra", "reset")]
+    eps = run_episodes(ScriptedEngine([["a"]] * 4), [ScriptedEnv() for _ in tasks], tasks, [0, 1, 2, 3],
+                       AgentConfig(max_turns=1))
+    assert [e.failure for e in eps] == [None, "model", "infra", "infra"]
+    assert eps[0].ret == 1.0 and eps[1].ret == ScriptedEnv.failure_return  # the model's crash is a loss
+    assert math.isnan(eps[2].ret) and math.isnan(eps[3].ret)  # the infrastructure's: left out
+    assert "RecursionError" in eps[1].error and "InfraError" in eps[2].error and "OSError" in eps[3].error
+    assert all(e.to_json()["failure"] == e.failure for e in eps)
+
+
+def test_the_wall_clock_is_the_models():
+    task = {"id": "slow", "do": "slow"}
+    ep = run_episodes(ScriptedEngine([["a"]]), [ScriptedEnv()], [task], [0],
+                      AgentConfig(max_turns=1, episode_timeout_s=0.01))[0]
+    assert ep.failure == "wall_clock" and ep.ret == ScriptedEnv.failure_return and "wall clock" in ep.error
+
+
+def test_a_nan_failure_return_is_refused():
+    class Bad(ScriptedEnv):
+        failure_return = math.nan
+
+    with pytest.raises(ValueError, match="failure_return is NaN"):
+        run_episodes(ScriptedEngine([["a"]]), [Bad()], [{"id": "c", "do": "crash"}], [0], AgentConfig(max_turns=1))
+
+
+class Zero(ScriptedEnv):
+    failure_return = 0.0
+
+
+def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_counts_kinds(tmp_path, monkeypatch):
+    """Four tasks a member plays every step: it wins one, crashes the env on two it would lose, and one meets a
+    dead site. Its return is 1/3 (the crashes are losses; the site is left out), not 1.0 as when crashes were
+    left out too; the ledger and the step log count 2 model failures and 1 infrastructure fault per member."""
+    import esopt_mp.agent.objective as objective
+    from esopt_mp.trainer import ESTrainer
+
+    monkeypatch.setattr(objective, "make", lambda name, **kw: Zero())
+    cfg = build_config({
+        "run": {"dir": str(tmp_path), "trajectories": False, "log_every": 1},
+        "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"},
+        "es": {"population": 2, "steps": 2, "mirrored": False},
+        "env": {"name": "sudoku", "n_train": 4, "n_eval": 2, "episodes_per_step": 4, "max_turns": 1},
+    })
+    trainer = ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
+    for task, do in zip(trainer.objective.train_tasks, ("win", "crash", "crash", "infra")):
+        task["do"] = do
+    for task in trainer.objective.eval_tasks:
+        task["do"] = "crash"
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    with open(tmp_path / "history.jsonl") as f:
+        ledger = [json.loads(line) for line in f]
+    assert [r["returns"] for r in ledger] == [[pytest.approx(1 / 3)] * 2] * 2
+    assert [r["failures"] for r in ledger] == [{"model": 4, "wall_clock": 0, "infra": 2}] * 2
+    with open(tmp_path / "metrics.jsonl") as f:
+        metrics = [json.loads(line) for line in f]
+    steps = [m for m in metrics if "return_mean" in m]
+    assert [m["episodes_failed"] for m in steps] == [{"model": 4, "wall_clock": 0, "infra": 2}] * 2
+    evals = [m["eval_detail"] for m in metrics if "eval_detail" in m]
+    assert evals and all(e["failed"] == 2 and e["failures"] == dict.fromkeys(FAILURE_KINDS, 0) | {"model": 2}
+                         for e in evals)

@@ -7,9 +7,13 @@ import time
 import pytest
 
 from esopt_mp.agent.loop import AgentConfig, run_episodes
-from esopt_mp.envs.base import call_envs
+from esopt_mp.envs.base import InfraError, call_envs
 from esopt_mp.envs.web import worker
 from tests.web.scripted import ScriptedEngine
+
+
+class SiteLost(InfraError):
+    pass
 
 
 class _Env:
@@ -31,7 +35,7 @@ class _Env:
         time.sleep(self.delay)
         self.turn += 1
         if self.turn == self.fail_at:
-            raise ConnectionError(f"env {self.k} lost its site")
+            raise SiteLost(f"env {self.k} lost its site")
         done = self.turn == 2
         return ([] if done else [{"role": "user", "content": f"{self.k}:{self.turn}"}]), float(done) * self.k, done, \
             False, {"turn": self.turn}
@@ -58,7 +62,7 @@ def test_other_envs_run_one_after_another_on_the_callers_thread():
 def test_errors_are_returned_per_call():
     envs = [_Env(0, fail_at=1), _Env(1)]
     (_, err0, _), (res1, err1, _) = call_envs([(e, "step", "x") for e in envs])
-    assert isinstance(err0, ConnectionError) and "env 0" in str(err0) and err1 is None and res1[4]["turn"] == 1
+    assert isinstance(err0, SiteLost) and "env 0" in str(err0) and err1 is None and res1[4]["turn"] == 1
 
 
 @pytest.mark.parametrize("concurrent", [True, False])
@@ -70,7 +74,8 @@ def test_run_episodes_gives_the_same_episodes_either_way(concurrent):
     tasks = [{"id": k} for k in range(4)]
     eps = run_episodes(ScriptedEngine([["a", "b"]] * 4), envs, tasks, [0, 1, 2, 3], AgentConfig(max_turns=3))
     assert [e.ret for e in eps if not math.isnan(e.ret)] == [0.0, 2.0, 3.0]
-    assert math.isnan(eps[1].ret) and eps[1].error == "step 2: ConnectionError: env 1 lost its site"
+    assert math.isnan(eps[1].ret) and eps[1].error == "step 2: SiteLost: env 1 lost its site"
+    assert eps[1].failure == "infra"  # the env says its infrastructure failed: left out, not scored
     assert [len(e.turns) for e in eps] == [2, 1, 2, 2]
     assert [e.ended for e in eps] == ["terminated", "failed", "terminated", "terminated"]
     assert eps[2].turns[0]["messages"] == [{"role": "user", "content": "2:1"}]

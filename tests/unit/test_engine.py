@@ -79,17 +79,19 @@ class _Exploding:
         return self.inner.step(text)
 
 
-def test_failed_episode_is_nan_and_the_rest_go_on(agent, tmp_path):
+def test_an_env_crash_is_the_models_failure_and_the_rest_go_on(agent, tmp_path):
+    """The env raised on the model's reply: the episode fails with the env's failure return (0), not NaN."""
     model, tok = agent
     tasks = generate(3, 4, size=4, seed=2)
     envs = [make("sudoku", max_turns=3), _Exploding(make("sudoku"), 2), make("sudoku", max_turns=3)]
     eps = run_episodes(HFEngine(model, tok), envs, tasks, [0, 1, 2],
                        AgentConfig(max_turns=3, sampling=SamplingParams(temperature=0, max_new_tokens=8)))
-    assert math.isnan(eps[1].ret) and eps[1].ended == "failed" and "environment crashed" in eps[1].error
+    assert eps[1].ret == 0.0 and eps[1].ended == "failed" and eps[1].failure == "model"
+    assert "environment crashed" in eps[1].error
     assert eps[0].ended == eps[2].ended == "truncated" and eps[0].ret == 0.0
     write_trajectories(tmp_path / "t.jsonl", eps, step=0, member=1)
     import json
 
     rows = [json.loads(l) for l in (tmp_path / "t.jsonl").read_text().splitlines()]
-    assert rows[1]["return"] is None and rows[0]["turns"][0]["response_tokens"] >= 1 and rows[0]["member"] == 1
+    assert rows[1]["return"] == 0.0 and rows[1]["failure"] == "model" and rows[0]["turns"][0]["response_tokens"] >= 1 and rows[0]["member"] == 1
     assert "Current board" in rows[0]["turns"][0]["prompt"] and "<|im_start|>user" in rows[0]["turns"][1]["prompt"]

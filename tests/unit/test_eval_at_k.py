@@ -22,7 +22,8 @@ def _objective(k, tasks, returns, dp=1, dp_rank=0):
 
     def play(ts, seeds, cfg, **tags):
         obj.played += [(t["id"], s) for t, s in zip(ts, seeds)]
-        return [types.SimpleNamespace(ret=returns(t["id"], s)) for t, s in zip(ts, seeds)]
+        rets = [returns(t["id"], s) for t, s in zip(ts, seeds)]  # a NaN: an infrastructure fault, as the loop says
+        return [types.SimpleNamespace(ret=r, failure="infra" if math.isnan(r) else None) for r in rets]
 
     obj.play = play
     return obj
@@ -96,6 +97,7 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
     assert obj.eval_cfg.episode_timeout_s == obj.train_cfg.episode_timeout_s == 1234.0  # env.episode_timeout_s
     assert obj.eval_cfg.env_workers == obj.train_cfg.env_workers == 3
     assert obj.evaluate(None, None) == 3 / 8
-    assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8, "failed": 0}
+    assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8, "failed": 0,
+                             "failures": {"model": 0, "wall_clock": 0, "infra": 0}}
     rows = [json.loads(x) for x in open(traj)]
     assert [r["return"] for r in rows] == [float(x) for q in right for x in q] and {r["kind"] for r in rows} == {"eval"}

@@ -50,7 +50,8 @@ class QwenXMLParser:
         calls = []
         for block in _BLOCK.findall(text):
             for fname, body in _FUNC.findall(block):
-                calls.append(ToolCall(clean_text(fname), {clean_text(k): clean_text(v) for k, v in _PARAM.findall(body)}))
+                args = {clean_text(k): clean_text(v) for k, v in _PARAM.findall(body)}
+                calls.append(ToolCall(clean_text(fname), args))
         return calls
 
 

@@ -41,6 +41,12 @@ class AgentConfig:
             raise ValueError(f"max_episode_tokens must be an int >= 0 (0 = no budget), got {self.max_episode_tokens!r}")
 
 
+def build_agent_config(env_cfg, sampling: SamplingParams) -> AgentConfig:
+    """The loop's settings from the ``env`` section, for every trainer (ES, GRPO, PPO): only ``sampling`` differs."""
+    return AgentConfig(env_cfg.max_turns, sampling, episode_timeout_s=env_cfg.episode_timeout_s,
+                       max_episode_tokens=env_cfg.max_episode_tokens, env_workers=env_cfg.env_workers)
+
+
 @dataclasses.dataclass
 class Episode:
     id: str

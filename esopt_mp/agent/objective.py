@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from esopt_mp.agent.loop import AgentConfig, follow_episodes, generate_texts, run_episodes, write_trajectories
+from esopt_mp.agent.loop import (AgentConfig, build_agent_config, follow_episodes, generate_texts, run_episodes,
+                                  write_trajectories)
 from esopt_mp.data import resolve
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.envs import FAILURE_KINDS, make
@@ -89,10 +90,8 @@ class AgentObjective:
             startup_check(env_cfg, reset=dims.dp_rank == 0)  # env.web.full_reset: one leader resets for all
         if env_cfg.name == "webarena_lite" and env_cfg.web.full_reset:  # nobody plays before the sites are reset
             dims.comm.barrier()
-        budget = {"max_episode_tokens": env_cfg.max_episode_tokens,  # per trajectory, both engines
-                  "episode_timeout_s": env_cfg.episode_timeout_s, "env_workers": env_cfg.env_workers}
-        self.train_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(), **budget)
-        self.eval_cfg = AgentConfig(env_cfg.max_turns, engine_cfg.sampling(env_cfg.eval_temperature), **budget)
+        self.train_cfg = build_agent_config(env_cfg, engine_cfg.sampling())
+        self.eval_cfg = build_agent_config(env_cfg, engine_cfg.sampling(env_cfg.eval_temperature))
         self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         self.eval_round = 0  # evaluations this process ran: a trajectory tag only, never a seed (not checkpointed)

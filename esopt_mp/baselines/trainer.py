@@ -23,7 +23,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.agent.loop import AgentConfig, follow_episodes
+from esopt_mp.agent.loop import build_agent_config, follow_episodes
 from esopt_mp.baselines import build_baseline, build_token_batch
 from esopt_mp.config import TrainConfig
 from esopt_mp.engine.sampling import SamplingParams
@@ -61,8 +61,7 @@ class BaselineTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
         self.objective = AgentObjective(cfg.env, cfg.engine, self.seed, self.model, self.tokenizer, dims, traj)
-        self.rollout_cfg = AgentConfig(cfg.env.max_turns, rollout_sampling(cfg.engine, cfg.algo),
-                                       max_episode_tokens=cfg.env.max_episode_tokens)
+        self.rollout_cfg = build_agent_config(cfg.env, rollout_sampling(cfg.engine, cfg.algo))
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
         self.config_hash = cfg.hash(path)
         if dims.rank == 0:

@@ -1,5 +1,6 @@
 """Baselines on the shipped tiny agent: real episodes' masks, the update machinery, config and launcher checks."""
 import copy
+import math
 import os
 
 import pytest
@@ -65,20 +66,73 @@ def _params(model):
     return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
 
 
+def _recorded_update(name: str, micro: int, batch) -> dict:
+    """One update, recording each backward's gradient (``parts``), the accumulated gradient before clipping
+    (``acc``; PPO's value head: ``head``), what AdamW steps on (``clipped``), the parameters after and the stats."""
+    model = load_model(TINY, DIMS)
+    opt = build_baseline(name, model, AlgoConfig(name=name, lr=1e-3, micro_batch=micro, max_grad_norm=0.5), DIMS)
+    rec: dict = {"parts": []}
+    accumulate, step, adam = opt._accumulate, opt._step, opt.optimizer.step
+
+    def on_accumulate():
+        if any(p.grad is not None for p in opt.params):
+            rec["parts"].append([p.grad.detach().float().clone() for p in opt.params])
+        accumulate()
+
+    def on_step():
+        on_accumulate()
+        rec["acc"] = [m.grad.clone() for m in opt.masters]
+        rec["head"] = [q.grad.clone() for q in opt.value_head.parameters()] if opt.value_head is not None else []
+        return step()
+
+    def on_adam(*a, **k):
+        rec["clipped"] = [m.grad.clone() for m in opt.masters]
+        return adam(*a, **k)
+
+    opt._accumulate, opt._step, opt.optimizer.step = on_accumulate, on_step, on_adam
+    rec["stats"] = opt.update(batch)
+    rec["params"] = [m.detach().clone() for m in opt.masters]
+    return rec
+
+
 @pytest.mark.parametrize("name", ["grpo", "ppo"])
 def test_micro_batching_accumulates_the_same_step(name):
-    """Token-level mean over the minibatch: 2-row micro-batches give the whole-batch step (fp32)."""
+    """Token-level mean over the minibatch: 1-row micro-batches accumulate the whole-batch gradient (fp32), and
+    AdamW's step from it is the whole-batch step, each within the rounding its computation allows.
+
+    Gradients, per tensor: the two runs sum the same per-token terms in different orders (one backward over 4 rows
+    vs 4 backwards added up), and every layer of the backward chain rounds once more. Round-to-nearest errors of a
+    reduction of n terms grow as sqrt(n) u sum|terms| (probabilistic bound, u = 2^-24), once per layer; the terms'
+    scale is S = sum over the micro-batches of |their gradient|. So ||g_micro - g_full|| <= sqrt(n) (L + 1) u ||S||,
+    n the minibatch's tokens, L the layers (about 15x what the runs show).
+
+    Step, per element: AdamW's first step (bias-corrected, no weight decay) moves a weight by lr g / (|g| + eps).
+    Near |g| ~ eps that divides a gradient difference by ~eps (a 1e-11 difference moves a weight by ~1e-6), so the
+    bound is propagated from the recorded clipped gradients: lr |f(g1) - f(g2)| with f(g) = g / (|g| + eps), plus
+    Adam's own few roundings (8 u of the update) and the weight's rounding (1 ulp)."""
     batch = synthetic_token_batch(4, 2, 12, 6, 5, 512, 2, seed=3)
     batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])  # both groups mixed: a nonzero advantage
-    out = []
-    for micro in (0, 1):
-        model = load_model(TINY, DIMS)
-        cfg = AlgoConfig(name=name, lr=1e-3, micro_batch=micro, max_grad_norm=0.5)
-        stats = build_baseline(name, model, cfg, DIMS).update(batch)
-        out.append((_params(model), stats))
-    assert torch.allclose(out[0][0], out[1][0], atol=2e-6)
-    assert out[0][1]["grad_norm"] == pytest.approx(out[1][1]["grad_norm"], rel=1e-4)
-    assert not torch.equal(out[0][0], _params(load_model(TINY, DIMS)))
+    full, micro = _recorded_update(name, 0, batch), _recorded_update(name, 1, batch)
+    assert len(full["parts"]) == 1 and len(micro["parts"]) == 4  # one backward vs one per row
+    u = torch.finfo(torch.float32).eps / 2
+    n, layers = int(batch.attention_mask.sum()), load_model(TINY, DIMS).config.num_hidden_layers
+    k = n ** 0.5 * (layers + 1)
+    for i, (a, b) in enumerate(zip(full["acc"], micro["acc"])):
+        scale = sum(part[i].abs() for part in micro["parts"])
+        assert (a - b).norm() <= k * u * scale.norm(), (i, float((a - b).norm() / (u * scale.norm())))
+    # the reported (pre-clip) norms differ by at most the gradients' difference (triangle inequality) plus the
+    # rounding of each norm: fp32 squares summed pairwise (log2(N) u) per tensor, float64 across tensors
+    g_full, g_micro = (torch.cat([g.reshape(-1) for g in r["acc"] + r["head"]]).double() for r in (full, micro))
+    rounding = math.ceil(math.log2(g_full.numel())) * u * (g_full.norm() + g_micro.norm())
+    assert abs(full["stats"]["grad_norm"] - micro["stats"]["grad_norm"]) <= (g_full - g_micro).norm() + rounding
+    lr, eps = 1e-3, 1e-8
+    f = lambda g: g.double() / (g.double().abs() + eps)  # noqa: E731
+    for i, (g1, g2, p1, p2) in enumerate(zip(full["clipped"], micro["clipped"], full["params"], micro["params"])):
+        ulp = torch.finfo(torch.float32).eps * torch.maximum(p1.abs(), p2.abs()).double()
+        bound = lr * (f(g1) - f(g2)).abs() + lr * 8 * u * (f(g1).abs() + f(g2).abs()) + ulp
+        assert ((p1 - p2).double().abs() <= bound).all(), (i, float(((p1 - p2).double().abs() - bound).max()))
+    start = _params(load_model(TINY, DIMS))
+    assert not torch.equal(torch.cat([p.reshape(-1) for p in full["params"]]), start)
 
 
 def test_bf16_weights_keep_fp32_master_and_states():

@@ -33,18 +33,11 @@ def extract_answer(text: str) -> str | None:
 
 
 def answers_match(given: str, reference: str) -> bool:
-    """Symbolic equivalence via math-verify (LaTeX and plain expressions), exact string as fallback."""
-    try:
-        from math_verify import parse, verify
-    except ImportError as e:  # pragma: no cover - dependency of the [math] extra
-        raise ImportError("math_react needs math-verify: pip install 'esopt_mp[math]'") from e
-    if given.strip() == reference.strip():
-        return True
-    wrap = lambda s: s if "$" in s or "\\boxed" in s else f"${s}$"  # noqa: E731
-    try:
-        return bool(verify(parse(wrap(reference)), parse(wrap(given))))
-    except Exception:
-        return False
+    """Symbolic equivalence via math-verify, checked in a worker process within a bounded time: the same verdict
+    on a batch's env threads as on the main thread (math-verify's own timeout works on the main thread only)."""
+    from esopt_mp.envs.answers import answers_match as check
+
+    return check(given, reference)
 
 
 def generate(n: int, seed: int = 0) -> list[dict]:

@@ -38,14 +38,14 @@ cmd, tool, tess, alias = {cmd!r}, {tool!r}, {tess!r}, {alias!r}
 here = os.getcwd()
 os.makedirs('.bin', exist_ok=True)
 with open('.bin/imgtool', 'w') as f:
-    f.write('#!' + sys.executable + ' -I\\n' + tool)
+    f.write('#!/usr/bin/env python3\\n' + tool)  # the sandbox's python3: the trainer's interpreter
 os.chmod('.bin/imgtool', 0o755)
 if os.path.basename(tess) != 'tesseract' or os.path.dirname(tess) not in ('/usr/bin', '/bin'):
     os.symlink(tess, '.bin/tesseract')
 if alias:  # the path itself and paths under it, not /workspaces/x, /workspace2 or /x/workspace
     cmd = re.sub(r'(?<![\\w.~/$-])' + re.escape({ws!r}) + r'(?![\\w.~+-])', lambda m: here, cmd)
-env = dict(PATH=here + '/.bin:/usr/bin:/bin', HOME=here, TMPDIR=here, LANG='C.UTF-8', OMP_THREAD_LIMIT='1',
-           WORKSPACE=here)
+env = dict(os.environ, PATH=here + '/.bin:' + os.environ['PATH'], HOME=here, TMPDIR=here, OMP_THREAD_LIMIT='1',
+           WORKSPACE=here)  # the sandbox's environment: its python3 and the trainer's PYTHONPATH
 os.execve('/bin/bash', ['bash', '-c', cmd], env)
 """
 

@@ -171,3 +171,129 @@ def test_a_signal_unshare_could_not_pass_on_is_still_named():
     assert _exit_reason(1, err, lim, elapsed_s=2.4).startswith("cpu limit of 2 s exceeded")
     assert _exit_reason(1, err, lim, elapsed_s=0.3) == "killed by a signal (unshare could not pass it on)"
     assert _exit_reason(1, "Traceback\nValueError: x\n", lim, elapsed_s=9) == "exit status 1: ValueError: x"
+
+
+# A process standing for the trainer or another rank: a marker in its memory, a System V shared memory segment,
+# and a report of everything the sandboxed code might change about it (its limits, priority, scheduling, I/O
+# priority, CPU affinity, OOM score, the marker, the segment).
+HOLDER = r'''
+import ctypes, json, os, resource, sys
+libc = ctypes.CDLL(None, use_errno=True)
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}[os.uname().machine]
+buf = ctypes.create_string_buffer(b"intact", 16)
+shm = libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+me = {"pid": os.getpid(), "addr": ctypes.addressof(buf), "shm": shm}
+def state():
+    with open("/proc/self/oom_score_adj") as f:
+        oom = f.read().strip()
+    return {"nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "cpu": resource.getrlimit(resource.RLIMIT_CPU),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0), "sched": os.sched_getscheduler(0), "oom": oom,
+            "ioprio": libc.syscall(IOPRIO_GET, 1, 0), "affinity": sorted(os.sched_getaffinity(0)),
+            "marker": buf.value.decode(errors="replace"),
+            "shm": libc.shmctl(shm, 2, ctypes.create_string_buffer(512)) == 0}  # IPC_STAT
+'''
+VICTIM = HOLDER + r'''
+print(json.dumps({**me, "state": state()}), flush=True)
+for line in sys.stdin:
+    print(json.dumps(state()), flush=True)
+libc.shmctl(shm, 0, None)  # IPC_RMID
+'''
+TRAINER = HOLDER + r'''
+from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
+level, other, attack = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+before = state()
+r = Sandbox(SandboxLimits(wall_s=20, cpu_s=10, memory_mb=512, nproc=16), level=level).run_python(
+    attack % json.dumps([me, other]))
+print(json.dumps({"before": before, "after": state(), "stdout": r.stdout, "error": r.error,
+                  "stderr": r.stderr[-500:]}))
+libc.shmctl(shm, 0, None)
+'''
+# every way the code might reach another process of the same uid; each line says ok or blocked (uid-wide calls
+# may succeed on the call's own processes: only their effect on the trainer and the other rank is checked)
+ATTACK = r'''
+import ctypes, json, os, resource, signal
+libc = ctypes.CDLL(None, use_errno=True)
+m = os.uname().machine
+IOPRIO_SET = {"x86_64": 251, "aarch64": 30}[m]
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+def c(rc):
+    if rc == -1:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+def vm(pid, addr, write):
+    data = ctypes.create_string_buffer(b"PWNED!", 6)
+    local, remote = iovec(ctypes.addressof(data), 6), iovec(addr, 6)
+    fn = libc.process_vm_writev if write else libc.process_vm_readv
+    c(fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0))
+def mem(pid, addr):
+    with open(f"/proc/{pid}/mem", "r+b", buffering=0) as f:
+        f.seek(addr)
+        f.write(b"PWNED!")
+def proc_write(pid, name, text):
+    with open(f"/proc/{pid}/{name}", "w") as f:
+        f.write(text)
+def pidfd_kill(pid):
+    fd = libc.syscall(434, pid, 0)  # pidfd_open
+    c(fd)
+    c(libc.syscall(424, fd, signal.SIGKILL, None, 0))  # pidfd_send_signal
+for t in %s:
+    pid, addr, shm = t["pid"], t["addr"], t["shm"]
+    attempts = {
+        "prlimit NOFILE": lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (8, 8)),
+        "prlimit CPU": lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (3600, 3600)),
+        "setpriority": lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),
+        "setpriority uid-wide": lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19),
+        "sched_setscheduler": lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)),
+        "sched_setaffinity": lambda: os.sched_setaffinity(pid, {0}),
+        "ioprio_set": lambda: c(libc.syscall(IOPRIO_SET, 1, pid, 3 << 13)),  # IOPRIO_CLASS_IDLE
+        "ioprio_set uid-wide": lambda: c(libc.syscall(IOPRIO_SET, 3, os.getuid(), 3 << 13)),
+        "oom_score_adj": lambda: proc_write(pid, "oom_score_adj", "1000"),
+        "/proc/pid/mem": lambda: mem(pid, addr),
+        "process_vm_writev": lambda: vm(pid, addr, True),
+        "process_vm_readv": lambda: vm(pid, addr, False),
+        "ptrace attach": lambda: c(libc.ptrace(16, pid, None, None)),
+        "ptrace seize": lambda: c(libc.ptrace(0x4206, pid, None, None)),
+        "shmctl IPC_RMID": lambda: c(libc.shmctl(shm, 0, None)),
+        "shmat": lambda: c(libc.shmat(shm, None, 0)),
+        "kill SIGSTOP": lambda: os.kill(pid, signal.SIGSTOP),
+        "kill SIGKILL": lambda: os.kill(pid, signal.SIGKILL),
+        "pidfd_send_signal": lambda: pidfd_kill(pid),
+    }
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            print(pid, name, "ok", flush=True)
+        except Exception as e:
+            print(pid, name, "blocked", type(e).__name__, flush=True)
+'''
+
+
+def test_code_cannot_touch_the_trainer_or_other_ranks(sb):
+    """The trainer (the sandbox's parent) and another rank (a sibling of the same uid) keep their limits,
+    priorities, affinity, OOM score, memory, shared memory and their life, whatever the code tries by pid."""
+    import json
+    import subprocess
+    import sys
+
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("syscall numbers known for x86_64 and aarch64 only")
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        other = json.loads(victim.stdout.readline())
+        start = other.pop("state")
+        t = subprocess.run([sys.executable, "-c", TRAINER, sb.level, json.dumps(other), ATTACK], capture_output=True,
+                           text=True, timeout=120)
+        assert t.returncode == 0, (t.returncode, t.stderr[-1500:])
+        out = json.loads(t.stdout.strip().splitlines()[-1])
+        lines = out["stdout"].splitlines()
+        assert len(lines) == 2 * 19, (out["error"], out["stderr"], out["stdout"])
+        assert not [ln for ln in lines if ln.endswith(" ok") and "uid-wide" not in ln], out["stdout"]
+        assert out["after"] == out["before"], (out["before"], out["after"])  # the trainer
+        assert victim.poll() is None, "the other rank was killed"
+        victim.stdin.write("state\n")
+        victim.stdin.flush()
+        assert json.loads(victim.stdout.readline()) == start  # the other rank
+        assert start["marker"] == "intact" and start["shm"]
+    finally:
+        victim.kill()
+        victim.wait()

@@ -1,11 +1,12 @@
 """Trusted bootstrap run first inside every sandboxed interpreter (``python -I -c <this file> <json>``).
 
 Standalone on purpose (stdlib only, no project imports): under bwrap the project is not visible. It reads the
-untrusted code from an inherited pipe, optionally forks a supervisor, then confines itself -- resource limits, a drop to the
-per-call uid (when started as root), no_new_privs, Landlock (filesystem, signals) and a seccomp filter
-(no sockets) as the plan asks -- and only then runs the code. Order matters: limits and the uid drop come before
-anything untrusted runs, and ``RLIMIT_NPROC`` is set after entering the user namespace so that it counts only
-this sandbox's processes (per user namespace since Linux 5.14).
+untrusted code from an inherited pipe, optionally forks a supervisor, then confines itself -- resource limits, a
+drop to the per-call uid (when started as root), no_new_privs, Landlock (filesystem, signals, ptrace) and a seccomp
+filter (no sockets, nothing done to other processes by pid or IPC key) as the plan asks -- and only then runs the
+code, on the trainer's import path. Order matters: limits and the uid drop come before anything untrusted runs, and
+``RLIMIT_NPROC`` is set after entering the user namespace so that it counts only this sandbox's processes (per user
+namespace since Linux 5.14).
 """
 import ctypes
 import json
@@ -21,6 +22,15 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 38, 22, 36
 ARCH = {"x86_64": (0xC000003E, 41, True), "aarch64": (0xC00000B7, 198, False)}  # audit arch, socket nr, x32
 SYS_IO_URING_SETUP, SYS_LL_CREATE, SYS_LL_ADD, SYS_LL_RESTRICT = 425, 444, 445, 446
+X86, ARM = ARCH["x86_64"][0], ARCH["aarch64"][0]
+# (syscall, [(argument index, required value)]): prlimit64, sched_setparam, sched_setscheduler,
+# sched_setaffinity, sched_setattr take a pid (0: the caller); setpriority and ioprio_set (which, who)
+SELF_ONLY = {X86: [(302, [(0, 0)]), (142, [(0, 0)]), (144, [(0, 0)]), (203, [(0, 0)]), (314, [(0, 0)]),
+                   (141, [(0, 0), (1, 0)]), (251, [(0, 1), (1, 0)])],
+             ARM: [(261, [(0, 0)]), (118, [(0, 0)]), (119, [(0, 0)]), (122, [(0, 0)]), (274, [(0, 0)]),
+                   (140, [(0, 0), (1, 0)]), (30, [(0, 1), (1, 0)])]}
+# System V IPC: shm{get,at,ctl}, sem{get,op,ctl,timedop}, msg{get,snd,rcv,ctl}
+SYSV = {X86: [29, 30, 31, 64, 65, 66, 220, 68, 69, 70, 71], ARM: list(range(186, 197))}
 
 
 def _fail(msg):
@@ -142,19 +152,30 @@ def _landlock(spec):
         _fail(f"Landlock ABI {abi} cannot keep signals inside the sandbox (needs 6, Linux 6.12)")
 
 
-def _seccomp_no_sockets():
-    """socket(2) and io_uring fail with EACCES; foreign syscall ABIs kill the process."""
+def _seccomp():
+    """No sockets or io_uring (EACCES); nothing done to another process by pid, uid or IPC key (EPERM): no
+    resource limits, priorities, scheduling or CPU affinity but its own (pid 0; Landlock and the per-call uid do
+    not cover these, the kernel allows them for the same uid), no System V IPC; foreign syscall ABIs kill."""
     arch = ARCH.get(os.uname().machine)
     if arch is None:
         _fail(f"no seccomp filter for {os.uname().machine}")
     audit, sys_socket, x32 = arch
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    kill, allow, eacces = 0x80000000, 0x7FFF0000, 0x00050000 | 13
+    kill, allow, eacces, eperm = 0x80000000, 0x7FFF0000, 0x00050000 | 13, 0x00050000 | 1
     prog = [(ld, 0, 0, 4), (jeq, 1, 0, audit), (ret, 0, 0, kill), (ld, 0, 0, 0)]
     if x32:
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, kill)]
-    prog += [(jeq, 0, 1, sys_socket), (ret, 0, 0, eacces), (jeq, 0, 1, SYS_IO_URING_SETUP), (ret, 0, 0, eacces),
-             (ret, 0, 0, allow)]
+    for nr, action in [(sys_socket, eacces), (SYS_IO_URING_SETUP, eacces)] + [(nr, eperm) for nr in SYSV[audit]]:
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, action)]
+    for nr, args in SELF_ONLY[audit]:  # allowed only when each (argument, value) matches: the caller itself
+        body = []
+        for i, value in args:
+            body += [(ld, 0, 0, 16 + 8 * i), (jeq, 0, 0, value)]  # low 32 bits (pid_t / int arguments)
+        body += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+        for j in range(1, len(body) - 2, 2):  # a mismatch jumps to the EPERM
+            body[j] = (jeq, 0, len(body) - 2 - j, body[j][3])
+        prog += [(jeq, 0, len(body), nr)] + body  # not this syscall: skip the block (A still holds nr)
+    prog += [(ret, 0, 0, allow)]
     raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(raw)
     fprog = struct.pack("HxxxxxxP", len(prog), ctypes.addressof(buf))
@@ -184,8 +205,9 @@ def main():
     if PLAN.get("landlock"):
         _landlock(PLAN["landlock"])
     if PLAN.get("seccomp"):
-        _seccomp_no_sockets()
+        _seccomp()
     os.chdir(PLAN["cwd"])
+    sys.path[:] = PLAN["path"]  # the trainer's import path (-I gave the interpreter's own only)
     sys.argv = ["main.py"]
     glb = {"__name__": "__main__", "__builtins__": __builtins__}
     exec(compile(code, "main.py", "exec"), glb)

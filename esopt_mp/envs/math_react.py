@@ -107,8 +107,9 @@ class MathReactEnv:
             for call in calls:
                 if call.error:
                     out = call.error
-                elif call.name != "python" or "code" not in call.arguments:
-                    out = f"unknown tool {call.name!r} or missing 'code' parameter; the only tool is python(code)"
+                elif call.name != "python" or not isinstance(call.arguments.get("code"), str):
+                    out = (f"unknown tool {call.name[:80]!r} or missing 'code' text parameter; the only tool is "
+                           "python(code)")
                 else:
                     res = self.sandbox.run_python(call.arguments["code"])
                     out = res.stdout + (f"\n[error] {res.error}" if res.error else "")

@@ -61,8 +61,10 @@ def clip(text: str, limit: int) -> str:
 
 
 def load_jsonl(path: str) -> list[dict]:
-    """DocVQA rows; each ``image`` resolved against the file's directory and required to exist."""
+    """DocVQA rows; each ``image`` resolved against the file's directory, required to exist and to lie inside it
+    (symbolic links resolved): a row cannot have the trainer copy any other file into the sandbox."""
     base, rows = os.path.dirname(os.path.abspath(path)), []
+    real_base = os.path.realpath(base)
     with open(path) as f:
         for i, line in enumerate(f):
             if not line.strip():
@@ -79,7 +81,12 @@ def load_jsonl(path: str) -> list[dict]:
             if bad:  # "" would accept any punctuation; None / numbers are not DocVQA answers
                 raise ValueError(f"{path}: row {rid}: accepted answers must be strings with a letter or digit, "
                                  f"got {bad!r}")
-            image = os.path.join(base, row["image"])
+            if not isinstance(row["image"], str) or not row["image"]:
+                raise ValueError(f"{path}: row {rid}: image must be a path relative to the file, got {row['image']!r}")
+            image = os.path.realpath(os.path.join(base, row["image"]))
+            if os.path.commonpath([image, real_base]) != real_base:
+                raise ValueError(f"{path}: row {rid}: image {row['image']!r} is outside the dataset's folder "
+                                 f"{real_base} (rows may only name images inside it)")
             if not os.path.isfile(image):
                 raise FileNotFoundError(f"{path}: row {rid}: image {image} does not exist (DocVQA images are not "
                                         "downloaded; put them next to the JSONL as its 'image' paths say)")

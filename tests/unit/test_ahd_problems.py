@@ -43,48 +43,96 @@ def test_registry_and_splits():
     assert [t["indices"][0] for t in tasks] == [0, 8, 16] and len({t["seed"] for t in tasks}) == 3
 
 
-NN_CODE = ("def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-           "    rest = unvisited_nodes - {current_node}\n"  # set operations: the signature says `set`
-           "    return min(rest, key=lambda n: distance_matrix[current_node][n])\n")
+FARTHEST_OFFERED = ("def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+                    "    return unvisited_nodes[-1]\n")
 
 
-def test_tsp_constructive_seed_function_and_nearest_neighbour(sb):
-    # the evaluator passes exactly the signature's types (ReEvo / MCTS-AHD eval.py): unvisited_nodes is a set of
-    # ints. reference 1: the settings' seed_func (equal scores, min takes the set's first = smallest index) visits
-    # the nodes in index order; reference 2: nearest neighbour written to the signature, recomputed here
+def offered(pts, tour):
+    """The candidates the paper's evaluator offers after ``tour``: the current node's neighbours by distance,
+    the visited ones removed, at most 50."""
+    cur = tour[-1]
+    order = sorted((j for j in range(len(pts)) if j != cur), key=lambda j: math.hypot(*(pts[j] - pts[cur])))
+    return [j for j in order if j not in tour][:50]
+
+
+def test_tsp_constructive_seed_function_is_nearest_neighbour(sb):
+    # the evaluator hands an int64 array of at most 50 nearest unvisited neighbours in distance order (the
+    # paper's evaluators): the settings' seed function (equal scores, min takes the first) is nearest neighbour,
+    # recomputed here in plain Python, and the last node is the one left over
     p, inst, r = evaluate(sb, "tsp_constructive", 3)
-    assert r.details["tours"] == [list(range(len(pts))) for pts in inst]
-    ident = np.mean([tour_len(pts, list(range(len(pts)))) for pts in inst])
-    assert r.objective == pytest.approx(ident, rel=1e-12) and r.score == -r.objective
-    assert r.objective == pytest.approx(26.6465, abs=1e-4)  # measured: index order on train50[0:3]
-    _, _, r = evaluate(sb, "tsp_constructive", 3, code=NN_CODE)
     for pts, tour in zip(inst, r.details["tours"]):
-        nn, left = [0], set(range(1, len(pts)))
-        while left:
-            nxt = min(left, key=lambda j: math.hypot(*(pts[j] - pts[nn[-1]])))
-            nn.append(nxt)
-            left.remove(nxt)
+        nn = [0]
+        while len(nn) < len(pts) - 1:
+            nn.append(offered(pts, nn)[0])
+        nn += [j for j in range(len(pts)) if j not in nn]
         assert tour == nn
     ref = np.mean([tour_len(pts, t) for pts, t in zip(inst, r.details["tours"])])
-    assert r.objective == pytest.approx(ref, rel=1e-12)
+    assert r.objective == pytest.approx(ref, rel=1e-12) and r.score == -r.objective
     assert r.objective == pytest.approx(7.1156, abs=1e-4)  # measured: NN on train50[0:3]
-    bad = NN_CODE.replace("unvisited_nodes - {current_node}", "set(range(len(distance_matrix)))")
+
+
+def test_tsp_constructive_offers_at_most_50_candidates_in_distance_order(sb):
+    # on 100 nodes the cap matters: always taking the last offered candidate follows the 50th nearest unvisited
+    # node while more than 50 are left, recomputed here; a visited node is a failure
+    p = ahd.get("tsp_constructive")
+    inst = p.instances("val", 100)[:2]
+    r = p.evaluate(FARTHEST_OFFERED, inst, sb)
+    assert r.error is None, r.error
+    for pts, tour in zip(inst, r.details["tours"]):
+        want = [0]
+        while len(want) < len(pts) - 1:
+            want.append(offered(pts, want)[-1])
+        want += [j for j in range(len(pts)) if j not in want]
+        assert tour == want
+    assert r.objective == pytest.approx(np.mean([tour_len(q, t) for q, t in zip(inst, r.details["tours"])]))
+    bad = FARTHEST_OFFERED.replace("unvisited_nodes[-1]", "0")
     assert "visited or not a node" in p.evaluate(bad, inst, sb).error
+    typed = FARTHEST_OFFERED.replace("    return", "    assert unvisited_nodes.dtype == np.int64, unvisited_nodes.dtype\n"
+                                     "    assert 1 <= len(unvisited_nodes) <= 50\n    return")
+    assert p.evaluate(typed, inst, sb).error is None
+
+
+def pack(x, cap, choose):
+    """The paper's knapsack protocol in plain Python: ``choose(cap, weights, values)`` over the remaining items
+    (original order) gives an index or None; stop when nothing fits, on None, or when the choice does not fit."""
+    left, total = list(range(len(x))), 0.0
+    while left and any(x[i][0] <= cap for i in left):
+        k = choose(cap, [x[i][0] for i in left], [x[i][1] for i in left])
+        if k is None or x[left[k]][0] > cap:
+            break
+        cap, total = cap - x[left[k]][0], total + x[left[k]][1]
+        del left[k]
+    return total
 
 
 def test_kp_greedy_ratio(sb):
-    # reference: greedy value/weight (the settings' seed function always answers 0: by its own comment useless),
-    # recomputed here item by item; capacity 25 for 100 items and capacity tolerance 1e-3 (the paper's evaluator)
+    # reference: greedy value/weight among the items that fit (the settings' seed function always answers 0:
+    # by its own comment useless), recomputed here item by item; capacity 25 for 100 items
     p, inst, r = evaluate(sb, "kp_constructive", 64)
     for x, got in zip(inst, r.details["values"]):
-        cap, left, total = 25.0, list(range(len(x))), 0.0
-        while any(x[i][0] < cap + 1e-3 for i in left):
-            best = max((i for i in left if x[i][0] <= cap + 1e-3), key=lambda i: x[i][1] / x[i][0])
-            cap, total = cap - x[best][0], total + x[best][1]
-            left.remove(best)
-        assert got == pytest.approx(total, rel=1e-12)
+        want = pack(x, 25.0, lambda c, w, v: max((i for i in range(len(w)) if w[i] <= c), key=lambda i: v[i] / w[i]))
+        assert got == pytest.approx(want, rel=1e-12)
     assert r.score == r.objective == pytest.approx(np.mean(r.details["values"]))
-    assert r.objective == pytest.approx(40.1484, abs=1e-4)  # measured: greedy ratio on all 64 of train100
+    assert r.objective == pytest.approx(40.1460, abs=1e-4)  # measured: greedy ratio on all 64 of train100
+
+
+def test_kp_none_stops_and_a_choice_that_does_not_fit_stops(sb):
+    # the function gets the remaining items' weights and values and answers an index into them or None
+    p = ahd.get("kp_constructive")
+    inst = p.instances("train")[:4]
+    heaviest = "def select_next_item(remaining_capacity, weights, values):\n    return int(np.argmax(weights))\n"
+    r = p.evaluate(heaviest, inst, sb)
+    assert r.error is None, r.error
+    for x, got in zip(inst, r.details["values"]):
+        assert got == pytest.approx(pack(x, 25.0, lambda c, w, v: max(range(len(w)), key=lambda i: w[i])), rel=1e-12)
+    three = ("def select_next_item(remaining_capacity, weights, values):\n"
+             "    return None if len(weights) <= 97 else int(np.argmax(values))\n")
+    r = p.evaluate(three, inst, sb)
+    assert r.error is None and [len(k) for k in r.details["picked"]] == [3] * 4
+    for x, got in zip(inst, r.details["picked"]):
+        assert got == sorted(range(100), key=lambda i: -x[i][1])[:3]
+    out = "def select_next_item(remaining_capacity, weights, values):\n    return len(weights)\n"
+    assert "expected an index below 100" in p.evaluate(out, inst, sb).error
 
 
 def admissible(vectors, n, w, triples):
@@ -140,17 +188,18 @@ def test_cvrp_aco_inverse_distance(sb):
 
 
 def test_bpp_offline_aco_seed_function(sb):
-    # reference: the settings' seed function (rows of demand / max demand); every bin within capacity 150,
-    # the gap to ceil(sum / 150) recomputed here
+    # reference: the settings' seed function (rows of demand / max demand), "sample" mode; every bin within
+    # capacity 150, the bins counted and the gap to ceil(sum / 150) recomputed here
     p, inst, r = evaluate(sb, "bpp_offline_aco", 1)
-    for dem, bins, gap in zip(inst, r.details["bins"], r.details["gaps"]):
+    for dem, bins, used, gap in zip(inst, r.details["bins"], r.details["bins_used"], r.details["gaps"]):
         load = {}
         for item, b in enumerate(bins):
             load[b] = load.get(b, 0) + int(dem[item])
-        assert sorted(load) == list(range(len(load))) and max(load.values()) <= 150
+        assert sorted(load) == list(range(len(load))) == list(range(used)) and max(load.values()) <= 150
         lb = -(-sum(int(v) for v in dem) // 150)
         assert gap == pytest.approx((len(load) - lb) / lb)
-    assert r.objective == pytest.approx(0.0812, abs=1e-4) and r.score == -r.objective  # measured: seed 0
+    assert r.details["mode"] == "sample" and r.objective == np.mean(r.details["bins_used"])
+    assert r.objective == 200 and r.score == -r.objective  # measured: seed 0, train500[0]
 
 
 def test_env_plays_a_problem_by_config(sb):

@@ -4,12 +4,15 @@ Parameters follow the paper's evaluators (EoH/ReEvo ``aco.py``): TSP and CVRP 30
 decay 0.9, alpha = beta = 1, pheromone 1 at start, every ant deposits 1/cost on its edges; offline bin
 packing 20 ants, 15 iterations, decay 0.95, the heuristic clipped to [1e-6, 1e6] and scaled to max 1, an
 item's attraction to the open bin the mean heuristic row of the bin's items, deposits the packing's fitness
-(mean squared bin fill) / ants on every pair of items sharing a bin.
+(mean squared bin fill) / ants on every pair of items sharing a bin; beside it the paper's "sample" mode
+(:func:`bpp_sample`: 200 packings from the heuristic alone, greedy within a bin).
 
-Untrusted heuristics: :func:`heuristic` bounds the matrix (an all-1e308 one would overflow pheromone x
-heuristic to inf, then NaN, and the sampler would revisit nodes), and every ant's solution is checked
-(:func:`check_tours`, :func:`check_routes`): a solver bug or a numeric escape fails the candidate, never
-scores a non-solution.
+Untrusted heuristics: :func:`clean` applies the paper's evaluators' rules (NaN -> 1e-9, +inf -> 1e9, -inf ->
+1e-9, anything below 1e-9 raised to 1e-9); the TSP / CVRP colonies then scale each row by a power of two
+(:func:`row_scaled`: exact, so every sampling probability is unchanged, and an all-1e308 matrix cannot
+overflow pheromone x heuristic to inf, then NaN, and make the sampler revisit nodes), and every ant's solution
+is checked (:func:`check_tours`, :func:`check_routes`): a solver bug or a numeric escape fails the candidate,
+never scores a non-solution.
 """
 from __future__ import annotations
 
@@ -20,13 +23,18 @@ from esopt_mp.envs.ahd.common import Failure
 H_MIN, H_MAX = 1e-9, 1e9
 
 
-def heuristic(heu: np.ndarray) -> np.ndarray:
-    """The paper's ``heu + 1e-9`` floored at 1e-9, and also capped at 1e9 (pheromone x heuristic x n stays far
-    below float64's range; a reasonable heuristic, e.g. 1/d, is unchanged)."""
-    heu = np.asarray(heu, dtype=np.float64) + H_MIN
-    if not np.all(np.isfinite(heu)):
-        raise Failure("heuristics returned non-finite values")
-    return np.clip(heu, H_MIN, H_MAX)
+def clean(heu: np.ndarray) -> np.ndarray:
+    """The paper's cleaning of a returned heuristic matrix: NaN -> 1e-9, +inf -> 1e9, -inf -> 1e-9, and every
+    value below 1e-9 raised to 1e-9 (finite large values are kept)."""
+    heu = np.nan_to_num(np.asarray(heu, dtype=np.float64), nan=H_MIN, posinf=H_MAX, neginf=H_MIN)
+    return np.maximum(heu, H_MIN)
+
+
+def row_scaled(heu: np.ndarray) -> np.ndarray:
+    """Each row divided by a power of two near its maximum: exact in floating point (the sampling probabilities
+    pheromone x heuristic / row sum do not change), and pheromone x heuristic summed over a row stays finite."""
+    _, exp = np.frexp(heu.max(axis=1, keepdims=True))
+    return np.ldexp(heu, -exp)
 
 
 def check_tours(paths: np.ndarray) -> None:
@@ -37,15 +45,17 @@ def check_tours(paths: np.ndarray) -> None:
 
 def check_routes(paths: np.ndarray, demand: np.ndarray, capacity: float) -> None:
     """Every row visits each customer exactly once, starts and ends at the depot, loads within capacity."""
-    n = len(demand)
-    for path in paths:
-        cust = path[path != 0]
-        if path[0] != 0 or path[-1] != 0 or len(cust) != n - 1 or len(np.unique(cust)) != n - 1:
-            raise Failure("the ant colony built a route that does not visit every customer exactly once")
-        trip = np.cumsum(path == 0)  # the trip each step belongs to
-        loads = np.bincount(trip, weights=demand[path])
-        if loads.max() > capacity + 1e-9:
-            raise Failure(f"the ant colony built a route over capacity ({loads.max():g} > {capacity:g})")
+    n, (ants, steps) = len(demand), paths.shape
+    rows = np.repeat(np.arange(ants), steps)
+    visits = np.zeros((ants, n), dtype=np.int64)
+    np.add.at(visits, (rows, paths.reshape(-1)), 1)
+    if (paths[:, 0] != 0).any() or (paths[:, -1] != 0).any() or (visits[:, 1:] != 1).any():
+        raise Failure("the ant colony built a route that does not visit every customer exactly once")
+    trip = np.cumsum(paths == 0, axis=1)  # the trip each step belongs to
+    loads = np.zeros((ants, steps + 1))
+    np.add.at(loads, (rows, trip.reshape(-1)), demand[paths].reshape(-1))
+    if loads.max() > capacity + 1e-9:
+        raise Failure(f"the ant colony built a route over capacity ({loads.max():g} > {capacity:g})")
 
 
 def _sample(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -63,7 +73,7 @@ def _sample(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def tsp(dist: np.ndarray, heu: np.ndarray, rng: np.random.Generator, n_ants: int = 30, n_iterations: int = 100,
         decay: float = 0.9, alpha: float = 1.0, beta: float = 1.0) -> tuple[float, np.ndarray]:
     """(best tour length, best tour) of the colony."""
-    n, heu = len(dist), heuristic(heu)
+    n, heu = len(dist), row_scaled(clean(heu))
     pher, ants = np.ones_like(dist), np.arange(n_ants)
     best, best_tour = np.inf, None
     for _ in range(n_iterations):
@@ -91,7 +101,7 @@ def cvrp(dist: np.ndarray, demand: np.ndarray, capacity: float, heu: np.ndarray,
          n_ants: int = 30, n_iterations: int = 100, decay: float = 0.9, alpha: float = 1.0,
          beta: float = 1.0) -> tuple[float, list[int]]:
     """(best route cost, best route as a node sequence from depot 0 back to 0, depot visits between trips)."""
-    n, heu = len(dist), heuristic(heu)
+    n, heu = len(dist), row_scaled(clean(heu))
     pher, ants = np.ones_like(dist), np.arange(n_ants)
     best, best_route = np.inf, None
     for _ in range(n_iterations):
@@ -118,11 +128,55 @@ def cvrp(dist: np.ndarray, demand: np.ndarray, capacity: float, heu: np.ndarray,
             best = float(costs[i])
             best_route = [int(v) for k, v in enumerate(paths[i]) if k == 0 or v != 0 or paths[i][k - 1] != 0]
         pher *= decay
-        for a in range(n_ants):
-            m = moving[a]
-            np.add.at(pher, (paths[a, :-1][m], paths[a, 1:][m]), 1.0 / costs[a])
+        # every ant's moves in ant order (row-major), as one call: the same additions in the same order
+        np.add.at(pher, (paths[:, :-1][moving], paths[:, 1:][moving]),
+                  np.broadcast_to((1.0 / costs)[:, None], moving.shape)[moving])
         pher[pher < 1e-10] = 1e-10
     return best, best_route
+
+
+def bpp_heuristic(heu: np.ndarray) -> np.ndarray:
+    """The bin-packing colony's heuristic: cleaned (:func:`clean`), clipped to [1e-6, 1e6], scaled to max 1,
+    floored at 1e-6 (the paper's evaluator)."""
+    heu = np.clip(clean(heu), 1e-6, 1e6)
+    return np.maximum(heu / heu.max(), 1e-6)
+
+
+def bpp_sample(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.random.Generator,
+               n_samples: int = 200) -> tuple[int, np.ndarray]:
+    """(fewest bins, the bin of every item in that packing) over ``n_samples`` packings built from the heuristic
+    alone (the paper's "sample" mode: no pheromone): a bin's first item is drawn uniformly among the remaining
+    items that fit, every next one is the fitting item of the highest mean heuristic row over the bin's items
+    (+ 1e-5; ties: the lowest index); a bin closes when no remaining item fits it. All samples advance together.
+    """
+    n, heu = len(demand), bpp_heuristic(heu)
+    rows = np.arange(n_samples)
+    left = np.ones((n_samples, n), dtype=bool)
+    vacancy = np.full(n_samples, float(capacity))
+    row_sum = np.zeros((n_samples, n))
+    count = np.zeros(n_samples, dtype=np.int64)
+    bin_of = np.full((n_samples, n), -1, dtype=np.int64)
+    n_bins = np.ones(n_samples, dtype=np.int64)
+    for _ in range(n):
+        fits = left & (demand[None, :] <= vacancy[:, None])
+        full = ~fits.any(1)
+        n_bins += full
+        vacancy[full], count[full], row_sum[full] = capacity, 0, 0.0
+        fits[full] = left[full]
+        opening = count == 0
+        score = (row_sum / np.maximum(count, 1)[:, None] + 1e-5) * fits
+        item = np.argmax(score, axis=1)
+        if opening.any():  # uniform among the fitting items: the r-th True of the row
+            k = fits[opening].sum(1)
+            r = rng.integers(0, k)
+            item[opening] = np.argmax(np.cumsum(fits[opening], axis=1) > r[:, None], axis=1)
+        bin_of[rows, item] = n_bins - 1
+        vacancy -= demand[item]
+        left[rows, item] = False
+        row_sum += heu[item]
+        count += 1
+    i = int(np.argmin(n_bins))
+    return int(n_bins[i]), bin_of[i].copy()
 
 
 def bpp(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.random.Generator, n_ants: int = 20,
@@ -130,8 +184,7 @@ def bpp(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.random.Gener
         beta: float = 1.0) -> tuple[int, np.ndarray]:
     """(fewest bins found, the bin of every item in that packing)."""
     n = len(demand)
-    heu = np.clip(heu, 1e-6, 1e6)
-    heu = np.maximum(heu / heu.max(), 1e-6)
+    heu = bpp_heuristic(heu)
     pher, ants = np.ones((n, n)), np.arange(n_ants)
     best, best_bins = n + 1, None
     for _ in range(n_iterations):

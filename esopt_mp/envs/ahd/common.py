@@ -1,14 +1,17 @@
 """What every heuristic-design problem shares: its shipped settings and splits, and the sandboxed call protocol.
 
 The candidate code runs in the sandbox as a function server: the host sends a line of calls (numpy arrays
-travel as base64 of their bytes), the sandbox answers one float64 array per call, and nothing else crosses.
-The host keeps the state (tours, knapsacks, bins) and computes the fitness itself, so nothing the code prints
-or does can set its fitness; a malformed answer, an exception, a timeout or a limit is a failure with a reason.
+travel as base64 of their bytes), the sandbox answers one float64 array per call (or ``null`` where the function
+returned ``None``), and nothing else crosses. The host keeps the state (tours, knapsacks, bins) and computes the
+fitness itself, so nothing the code prints or does can set its fitness; a malformed answer, an exception, a
+timeout or a limit is a failure with a reason. A reply may be as large as the instance needs (an n x n matrix):
+its cap is derived from the instances, and the session's output cap is raised to it.
 """
 from __future__ import annotations
 
 import abc
 import base64
+import copy
 import dataclasses
 import json
 import os
@@ -39,6 +42,12 @@ for _n in _NAMES:
         break
 if _fn is None:
     raise NameError("no function named " + " or ".join(_NAMES))
+import inspect as _inspect
+try:
+    _SPEC = _inspect.getfullargspec(_fn)
+    _ARGC, _VARARGS = len(_SPEC.args), _SPEC.varargs is not None
+except TypeError:
+    _ARGC, _VARARGS = -1, False
 _ctx = []
 def _dec(a):
     if isinstance(a, dict) and "a" in a:
@@ -47,11 +56,6 @@ def _dec(a):
         return _ctx[a["r"]]
     if isinstance(a, dict) and "t" in a:
         return tuple(a["t"])
-    if isinstance(a, dict) and "range_minus" in a:
-        _s = set(range(a["n"]))
-        for _v in a["range_minus"]:
-            _s.discard(_v)
-        return _s
     return a
 for _line in _sys.stdin:
     _req = _json.loads(_line)
@@ -62,7 +66,16 @@ for _line in _sys.stdin:
         continue
     _out = []
     for _args in _req["calls"]:
-        _p = np.asarray(_fn(*[_dec(a) for a in _args]), dtype="<f8")
+        if isinstance(_args, dict):  # {"by_argc": {"4": [...], "2": [...]}}: the arguments its arity takes
+            _v = _args["by_argc"]
+            _args = _v.get(str(_ARGC)) or (_v[max(_v, key=int)] if _VARARGS else None)
+            if _args is None:
+                raise TypeError("the function takes %d positional arguments, expected %s" % (_ARGC, " or ".join(_v)))
+        _r = _fn(*[_dec(a) for a in _args])
+        if _r is None:
+            _out.append(None)
+            continue
+        _p = np.asarray(_r, dtype="<f8")
         _out.append([_b64.b64encode(_p.tobytes()).decode(), list(_p.shape)])
     _proto.write(_json.dumps(_out) + "\n")
     _proto.flush()
@@ -75,10 +88,10 @@ def arr(a: np.ndarray) -> dict:
     return {"a": base64.b64encode(a.tobytes()).decode(), "d": a.dtype.str, "s": list(a.shape)}
 
 
-def range_minus(n: int, removed) -> dict:
-    """``set(range(n))`` less ``removed`` (removed in that order) as one JSON value of the protocol: built the
-    way the paper's evaluators build it, so the set's iteration order (which ``min`` over ties follows) matches."""
-    return {"n": int(n), "range_minus": [int(x) for x in removed]}
+def by_argc(variants: dict[int, list]) -> dict:
+    """One call whose arguments depend on how many positional parameters the function declares (the paper's
+    CVRP evaluator hands four arguments to a function of four, two to a function of two)."""
+    return {"by_argc": {str(k): v for k, v in variants.items()}}
 
 
 def ref(i: int) -> dict:
@@ -102,9 +115,9 @@ class Caller:
             raise Failure(self.s.failure())
         try:
             out = json.loads(line)
-            ok = isinstance(out, list) and all(
+            ok = isinstance(out, list) and all(x is None or (
                 isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], list)
-                and all(isinstance(d, int) and d >= 0 for d in x[1]) for x in out)
+                and all(isinstance(d, int) and d >= 0 for d in x[1])) for x in out)
         except Exception:  # noqa: BLE001 - untrusted line: junk, deep nesting (RecursionError), anything
             ok = False
         if not ok:
@@ -115,18 +128,25 @@ class Caller:
         if self._ask({"ctx": values}) != []:
             raise Failure("malformed reply from the function")
 
-    def calls(self, calls: list[list]) -> list[np.ndarray]:
-        """One float64 array per call (shape as the function returned it)."""
+    def calls(self, calls: list, finite: bool = True, none: bool = False) -> list:
+        """One float64 array per call (shape as the function returned it); ``None`` where the function returned
+        None and ``none`` allows it. ``finite=False`` lets NaN / inf through (the ACO problems clean them)."""
         out = self._ask({"calls": calls})
         if len(out) != len(calls):
             raise Failure(f"the function answered {len(out)} calls, expected {len(calls)}")
         res = []
-        for b, shape in out:
+        for x in out:
+            if x is None:
+                if not none:
+                    raise Failure("the function returned None, expected an array")
+                res.append(None)
+                continue
+            b, shape = x
             try:
                 a = np.frombuffer(base64.b64decode(b, validate=True), dtype="<f8").reshape(shape)
             except Exception:  # noqa: BLE001
                 raise Failure("malformed reply from the function") from None
-            if not np.all(np.isfinite(a)):
+            if finite and not np.all(np.isfinite(a)):
                 raise Failure("the function returned non-finite values")
             res.append(a)
         return res
@@ -224,9 +244,10 @@ class Problem(abc.ABC):
         if not re.search(rf"def\s+({'|'.join(map(re.escape, self.names()))})\s*\(", code or ""):
             return dataclasses.replace(fail, error=f"no `def {self.func_name}(...)` found")
         server = f"_NAMES = {self.names()!r}\n" + SERVER
-        with sandbox.session(PRELUDE + code + "\n" + server) as s:
+        cap = self.line_cap(instances)
+        with with_reply_room(sandbox, cap).session(PRELUDE + code + "\n" + server) as s:
             try:
-                objective, details = self.run(Caller(s, self.line_cap(instances)), instances, seed)
+                objective, details = self.run(Caller(s, cap), instances, seed)
                 error = None
             except Failure as e:
                 error = str(e)
@@ -253,6 +274,17 @@ class Problem(abc.ABC):
     @abc.abstractmethod
     def run(self, call: Caller, instances: list, seed: int) -> tuple[float, dict]:
         """(objective, details) of the candidate answering through ``call`` on ``instances``."""
+
+
+def with_reply_room(sandbox: Sandbox, line_cap: int) -> Sandbox:
+    """``sandbox`` with an output cap of at least one reply line plus 64 KiB (the code's own prints): a reply is
+    bounded by the instance (``line_cap``), not by a generic output cap set for chat tools (64 KiB by default)."""
+    need = line_cap + (64 << 10)
+    if sandbox.limits.output_bytes >= need:
+        return sandbox
+    roomy = copy.copy(sandbox)
+    roomy.limits = dataclasses.replace(sandbox.limits, output_bytes=need)
+    return roomy
 
 
 def dist_matrix(points: np.ndarray) -> np.ndarray:

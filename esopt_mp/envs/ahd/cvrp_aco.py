@@ -2,8 +2,10 @@
 
 Instances: shipped (n+1, 3) arrays, row 0 the depot, column 0 the demand (integers 1..9; 0 at the depot) and
 columns 1-2 the coordinates in the unit square; vehicle capacity 50 (the paper's evaluator). As there, the
-distance matrix has 1 on its diagonal and the returned matrix (plus 1e-9, floored at 1e-9, capped at 1e9) drives
-:func:`.aco.cvrp`, seeded per episode. Objective: mean best route cost, depot returns included and waiting
+distance matrix has 1 on its diagonal before it is handed to the function and to the colony; a function of
+four arguments gets copies of (distances, coordinates, demands, capacity), one of two gets (distances,
+demands / capacity); the returned matrix, cleaned (:func:`.aco.clean`), drives :func:`.aco.cvrp`, seeded per
+episode. Objective: mean best route cost, depot returns included and waiting
 at the depot free (lower is better); score = -cost. Reference: the seed function 1/d.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 import numpy as np
 
 from esopt_mp.envs.ahd import aco
-from esopt_mp.envs.ahd.common import Problem, arr, dist_matrix
+from esopt_mp.envs.ahd.common import Problem, arr, by_argc, dist_matrix
 from esopt_mp.envs.ahd.tsp_aco import matrix
 from esopt_mp.envs.sandbox import SandboxLimits
 
@@ -43,7 +45,8 @@ class CVRPACO(Problem):
             demand, pos = x[:, 0].copy(), x[:, 1:].copy()
             d = dist_matrix(pos)
             d[np.diag_indices_from(d)] = 1.0
-            heu = matrix(call, [arr(d), arr(pos), arr(demand), CAPACITY], len(x), "heuristics")  # + 1e-9, floored and capped: aco.heuristic
+            args = by_argc({4: [arr(d), arr(pos), arr(demand), CAPACITY], 2: [arr(d), arr(demand / CAPACITY)]})
+            heu = matrix(call, args, len(x), "heuristics")  # cleaned by the colony: aco.clean
             cost, route = aco.cvrp(d, demand, CAPACITY, heu, rng, **self.params)
             costs.append(cost)
             routes.append(route)

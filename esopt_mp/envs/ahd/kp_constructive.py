@@ -1,10 +1,10 @@
-"""0-1 knapsack, constructive: ``select_next_item(remaining_capacity, weights, values) -> index``.
+"""0-1 knapsack, constructive: ``select_next_item(remaining_capacity, weights, values) -> index or None``.
 
-As in the paper's evaluator: while the lightest remaining item fits (within its tolerance ``TOL`` = 1e-3 of
-the remaining capacity), the function picks an index into the remaining items' arrays; an index out of range
-or an item that does not fit (within ``TOL``) is a failure. Instances: shipped
-(n, 2) arrays, column 0 the weights and column 1 the values, uniform in [0, 1); capacity 12.5 for 50 items and
-25 for 100 and 200 (ReEvo's generator; the paper's evaluator uses 25 for its training size 100).
+As in the paper's evaluator: each call gets the remaining capacity (a float) and the weights and the values
+of the items not taken yet, in their original order; the answer is cast with ``int`` and is an index into
+those arrays (out of range is a failure), or None to stop. Packing stops when no remaining item fits, or when
+the chosen item does not fit. Instances: shipped (n, 2) arrays, column 0 the weights and column 1 the values,
+uniform in [0, 1); capacity 12.5 for 50 items and 25 for 100 and 200 (the paper's settings; ReEvo's for 50).
 Objective: mean packed value (higher is better); score = value. The settings' seed function (always index 0)
 is, by its own comment, not a usable heuristic; the reference is greedy value/weight among the items that fit.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from esopt_mp.envs.ahd.common import Caller, Failure, Problem, arr
+from esopt_mp.envs.ahd.tsp_constructive import as_index
 
 CAPACITY = {50: 12.5, 100: 25.0, 200: 25.0}
-TOL = 1e-3  # the paper's evaluator's capacity tolerance
 GREEDY = ("def select_next_item(remaining_capacity, weights, values):\n"
-          "    ratio = np.where(weights <= remaining_capacity + 1e-3, values / weights, -np.inf)\n"
+          "    ratio = np.where(weights <= remaining_capacity, values / weights, -np.inf)\n"
           "    return int(np.argmax(ratio))\n")
 
 
@@ -42,24 +42,29 @@ class KPConstructive(Problem):
         cap = [CAPACITY.get(len(x), 25.0) for x in instances]
         value = [0.0 for _ in instances]
         picked = [[] for _ in instances]
+        open_ = set(range(len(instances)))
         while True:
-            active = [k for k, x in enumerate(instances) if left[k].size and cap[k] + TOL > x[left[k], 0].min()]
+            active = [k for k in sorted(open_) if left[k].size and (instances[k][left[k], 0] <= cap[k]).any()]
             if not active:
                 break
+            open_ = set(active)
             calls = [[float(cap[k]), arr(instances[k][left[k], 0]), arr(instances[k][left[k], 1])] for k in active]
-            for k, ans in zip(active, call.calls(calls)):
-                flat = ans.reshape(-1)
-                if flat.size != 1 or flat[0] != int(flat[0]) or not 0 <= int(flat[0]) < left[k].size:
-                    raise Failure(f"select_next_item returned {flat[:4].tolist()}, expected an index below "
-                                  f"{left[k].size}")
-                item = int(left[k][int(flat[0])])
+            for k, ans in zip(active, call.calls(calls, none=True)):
+                if ans is None:  # the function stops this knapsack
+                    open_.discard(k)
+                    continue
+                i = as_index(ans, "select_next_item")
+                if not 0 <= i < left[k].size:
+                    raise Failure(f"select_next_item returned index {i}, expected an index below {left[k].size}")
+                item = int(left[k][i])
                 w, v = instances[k][item]
-                if w > cap[k] + TOL:
-                    raise Failure(f"select_next_item picked an item of weight {w:.4f} with {cap[k]:.4f} left")
-                cap[k] -= w
-                value[k] += v
+                if w > cap[k]:  # the chosen item does not fit: packing stops
+                    open_.discard(k)
+                    continue
+                cap[k] -= float(w)
+                value[k] += float(v)
                 picked[k].append(item)
-                left[k] = left[k][left[k] != item]
+                left[k] = np.delete(left[k], i)
         return float(np.mean(value)), {"values": value, "picked": picked}
 
 

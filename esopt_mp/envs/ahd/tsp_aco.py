@@ -1,7 +1,8 @@
 """TSP, ACO: ``heuristics(distance_matrix) -> (n, n)`` edge desirabilities that steer an ant colony.
 
-As in the paper's evaluator: the distance matrix has 1 on its diagonal, the returned matrix (plus 1e-9, then
-floored at 1e-9, capped at 1e9) is the colony's heuristic; :func:`.aco.tsp` with its parameters, seeded per episode.
+As in the paper's evaluator: the distance matrix has 1 on its diagonal, the returned matrix (wrong shape: a
+failure) is cleaned (:func:`.aco.clean`: NaN -> 1e-9, +inf -> 1e9, -inf -> 1e-9, below 1e-9 -> 1e-9) and is the
+colony's heuristic; :func:`.aco.tsp` with its parameters, seeded per episode.
 Instances: uniform points in the unit square (train50 holds 5; val/test 20, 50, 100 hold 64).
 Objective: mean best tour length (lower is better); score = -length. Reference: the seed function 1/d.
 """
@@ -16,8 +17,9 @@ from esopt_mp.envs.ahd.common import Caller, Failure, Problem, arr, dist_matrix
 from esopt_mp.envs.sandbox import SandboxLimits
 
 
-def matrix(call: Caller, args: list, n: int, what: str) -> np.ndarray:
-    (heu,) = call.calls([args])
+def matrix(call: Caller, args, n: int, what: str) -> np.ndarray:
+    """The function's (n, n) answer to one call, non-finite values included (the colony cleans them)."""
+    (heu,) = call.calls([args], finite=False)
     if heu.shape != (n, n):
         raise Failure(f"{what} returned shape {heu.shape}, expected {(n, n)}")
     return heu
@@ -45,7 +47,7 @@ class TSPACO(Problem):
         for p in instances:
             d = dist_matrix(p)
             d[np.diag_indices_from(d)] = 1.0
-            heu = matrix(call, [arr(d)], len(p), "heuristics")  # + 1e-9, floored and capped: aco.heuristic
+            heu = matrix(call, [arr(d)], len(p), "heuristics")  # cleaned by the colony: aco.clean
             cost, tour = aco.tsp(d, heu, rng, **self.params)
             lengths.append(cost)
             tours.append(tour.tolist())

@@ -109,9 +109,11 @@ def interpreter() -> Interpreter:
     shims = _shims(exe)
     ro = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", sys.base_prefix, sys.prefix, sys.exec_prefix,
           sys.base_exec_prefix, shims, *path, *ld, *(os.path.dirname(f) for f in files if f)}
-    ro_paths = []
+    ro_paths, scratch = [], {"/tmp", os.path.realpath(tempfile.gettempdir())}
     for p in sorted({os.path.realpath(p) for p in ro if p and os.path.exists(p)}, key=len):
-        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in ro_paths):
+        if any(t == p or t.startswith(p.rstrip("/") + "/") for t in scratch):  # e.g. PYTHONPATH=/tmp
+            log.warning("sandbox: %s is not shown to sandboxed code (it holds the scratch directories)", p)
+        elif not any(p == q or p.startswith(q.rstrip("/") + "/") for q in ro_paths):
             ro_paths.append(p)
     out = Interpreter(exe, path, env, shims, tuple(ro_paths), error)
     with _LOCK:

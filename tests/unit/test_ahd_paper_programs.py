@@ -81,7 +81,7 @@ def test_bpp_offline_aco_mode_runs_the_colony(sb):
     r = p.evaluate(paper.program("bpp_offline_aco"), inst, sb, seed=0)
     assert r.error is None and r.details["mode"] == "aco"
     load = {}
-    for item, b in enumerate(r.details["bins"][0]):
+    for item, b in enumerate(r.details["packings"][0]):
         load[b] = load.get(b, 0) + int(inst[0][item])
     assert max(load.values()) <= 150 and len(load) == r.objective
 

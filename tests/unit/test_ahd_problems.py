@@ -87,7 +87,7 @@ def test_tsp_constructive_offers_at_most_50_candidates_in_distance_order(sb):
     assert r.objective == pytest.approx(np.mean([tour_len(q, t) for q, t in zip(inst, r.details["tours"])]))
     bad = FARTHEST_OFFERED.replace("unvisited_nodes[-1]", "0")
     assert "visited or not a node" in p.evaluate(bad, inst, sb).error
-    typed = FARTHEST_OFFERED.replace("    return", "    assert unvisited_nodes.dtype == np.int64, unvisited_nodes.dtype\n"
+    typed = FARTHEST_OFFERED.replace("    return", "    assert unvisited_nodes.dtype == np.int64\n"
                                      "    assert 1 <= len(unvisited_nodes) <= 50\n    return")
     assert p.evaluate(typed, inst, sb).error is None
 
@@ -191,7 +191,7 @@ def test_bpp_offline_aco_seed_function(sb):
     # reference: the settings' seed function (rows of demand / max demand), "sample" mode; every bin within
     # capacity 150, the bins counted and the gap to ceil(sum / 150) recomputed here
     p, inst, r = evaluate(sb, "bpp_offline_aco", 1)
-    for dem, bins, used, gap in zip(inst, r.details["bins"], r.details["bins_used"], r.details["gaps"]):
+    for dem, bins, used, gap in zip(inst, r.details["packings"], r.details["bins_used"], r.details["gaps"]):
         load = {}
         for item, b in enumerate(bins):
             load[b] = load.get(b, 0) + int(dem[item])
@@ -200,6 +200,10 @@ def test_bpp_offline_aco_seed_function(sb):
         assert gap == pytest.approx((len(load) - lb) / lb)
     assert r.details["mode"] == "sample" and r.objective == np.mean(r.details["bins_used"])
     assert r.objective == 200 and r.score == -r.objective  # measured: seed 0, train500[0]
+    env = make("heuristic", max_turns=1, sandbox=sb, problem="bpp_offline_aco")  # the episode info names the bins
+    env.reset({"problem": "bpp_offline_aco", "split": "train", "indices": [0], "seed": 0})
+    _, ret, _, _, info = env.step(f"```python\n{p.reference()}```")
+    assert info["bins"] == 200 == -ret and info["packings"] == r.details["packings"]
 
 
 def test_env_plays_a_problem_by_config(sb):

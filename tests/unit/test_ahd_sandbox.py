@@ -40,7 +40,7 @@ def few(p):
         [prob.instances("val", 120)[0][:40]] if p == "bpp_offline_aco" else prob.instances("train")[:1])
 
 
-ACO = ("tsp_aco", "cvrp_aco", "bpp_offline_aco")  # NaN / inf in their matrices are cleaned, as the paper's evaluators do
+ACO = ("tsp_aco", "cvrp_aco", "bpp_offline_aco")  # NaN / inf in their matrices are cleaned (the paper's evaluators)
 
 
 @pytest.mark.parametrize("problem,kind", [(p, k) for p in PROBLEMS for k in sorted(BROKEN)

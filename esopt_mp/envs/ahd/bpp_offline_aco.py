@@ -52,15 +52,15 @@ class BPPOfflineACO(Problem):
             raise ValueError(f"bpp_offline_aco mode: must be one of {MODES}, got {self.mode!r}")
         solve = aco.bpp_sample if self.mode == "sample" else aco.bpp
         rng = np.random.default_rng(seed)
-        used, gaps, bins = [], [], []
+        used, gaps, packings = [], [], []
         for dem in instances:
             heu = matrix(call, [arr(dem.copy()), CAPACITY], len(dem), "heuristics")
             n_bins, packing = solve(dem.astype(float), CAPACITY, heu, rng, **self.params[self.mode])
             lb = lower_bound(dem)
             used.append(n_bins)
             gaps.append((n_bins - lb) / lb)
-            bins.append(packing.tolist())
-        return float(np.mean(used)), {"bins_used": used, "gaps": gaps, "bins": bins, "mode": self.mode}
+            packings.append(packing.tolist())
+        return float(np.mean(used)), {"bins_used": used, "gaps": gaps, "packings": packings, "mode": self.mode}
 
 
 PROBLEM = BPPOfflineACO

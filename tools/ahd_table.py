@@ -17,7 +17,8 @@ With the tiny CPU agent the numbers are weak (it rarely writes valid code); the 
 
 scores the paper's own final programs (``data:ahd/paper_programs``) with our evaluators beside the objectives
 the paper recorded for them (constructive problems once; the ACO problems over seeds: mean, sd, min, max) and
-prints one JSON object; ``within``: |ours - recorded| <= 0.2% (constructive) or <= 2 sd over the seeds (ACO).
+prints one JSON object; ``within``: |ours - recorded| <= 0.2% (constructive) or <= 2 sd over the seeds (ACO;
+offline bin packing's colony mode is shown beside the recorded sample-mode figure, ``within`` null).
 """
 from __future__ import annotations
 
@@ -111,9 +112,11 @@ def paper(args) -> dict:
     for r in pp.table(seeds=range(args.paper_seeds), first=args.first, bpp_modes=args.bpp_modes):
         stochastic = r.problem in pp.STOCHASTIC
         ok = r.error is None and (abs(r.ours - r.recorded) <= 2 * r.sd if stochastic else abs(r.rel_diff) <= 2e-3)
+        if r.mode == "aco":  # the paper recorded "sample" mode; the colony's figure is shown beside it, not compared
+            ok = None
         rows.append(dict(dataclasses.asdict(r), rel_diff=r.rel_diff, within=ok))
     return {"paper_programs": rows, "source_commit": pp.manifest()["source_commit"], "all_within": all(
-        r["within"] for r in rows)}
+        r["within"] for r in rows if r["within"] is not None)}
 
 
 def main() -> None:

@@ -100,3 +100,31 @@ def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_c
     evals = [m["eval_detail"] for m in metrics if "eval_detail" in m]
     assert evals and all(e["failed"] == 2 and e["failures"] == dict.fromkeys(FAILURE_KINDS, 0) | {"model": 2}
                          for e in evals)
+
+
+def test_a_sandbox_that_cannot_start_is_the_infrastructures(monkeypatch):
+    """The fork of a tool call fails (EAGAIN): math_react's and heuristic's episodes are infrastructure faults
+    (NaN, left out), not failed answers; the sandbox still never raises for what the code does."""
+    import errno
+    import subprocess
+
+    from esopt_mp.envs import make
+    from esopt_mp.envs.heuristic import generate
+    from esopt_mp.envs.sandbox import Sandbox, SandboxLimits, SandboxStartError
+
+    sandbox = Sandbox(SandboxLimits(wall_s=8, cpu_s=3))
+    assert sandbox.run_python("raise SystemExit(3)").error  # the code's own failure: a result, not a raise
+
+    def no_fork(*a, **kw):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(subprocess, "Popen", no_fork)
+    with pytest.raises(SandboxStartError, match="could not start the sandbox"):
+        sandbox.run_python("print(1)")
+    tasks = [{"id": "q", "question": "1+1?", "answer": "2"}, generate(1, seed=0, n_instances=1, n_items=10)[0]]
+    envs = [make("math_react", sandbox=sandbox), make("heuristic", sandbox=sandbox)]
+    replies = [['<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>'],
+               ["```python\ndef score(item, bins):\n    return -bins\n```"]]
+    eps = run_episodes(ScriptedEngine(replies), envs, tasks, [0, 1], AgentConfig(max_turns=2))
+    assert [e.failure for e in eps] == ["infra", "infra"] and all(math.isnan(e.ret) for e in eps)
+    assert all("SandboxStartError" in e.error for e in eps)

@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import dataclasses
 
+from esopt_mp.envs.base import InfraError
+
 LEVELS = ("bwrap", "unshare", "rlimit")  # strongest first
 
 
 class SandboxUnavailable(RuntimeError):
     """No isolation level at or above the configured minimum works here."""
+
+
+class SandboxStartError(InfraError):
+    """A call's sandbox could not be started (the interpreter, a fork, the namespace tool): not the code's doing,
+    so the episode is an infrastructure failure, not a failed answer."""
 
 
 @dataclasses.dataclass(frozen=True)

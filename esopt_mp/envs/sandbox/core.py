@@ -41,7 +41,8 @@ import sys
 import tempfile
 import threading
 
-from esopt_mp.envs.sandbox.config import LEVELS, SandboxConfig, SandboxLimits, SandboxResult, SandboxUnavailable
+from esopt_mp.envs.sandbox.config import (LEVELS, SandboxConfig, SandboxLimits, SandboxResult, SandboxStartError,
+                                         SandboxUnavailable)
 from esopt_mp.envs.sandbox.process import Running
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ class Sandbox:
         level, lim = level or self.level, self.limits
         files = {n: os.path.realpath(h) for n, h in (files or {}).items()}
         if any("/" in n or n in ("", ".", "..") for n in files):
-            return None, f"sandbox input names must be plain file names, got {sorted(files)}"
+            raise ValueError(f"sandbox input names must be plain file names, got {sorted(files)}")  # the caller's bug
         uid = UID_BASE + ((os.getpid() << 8) | (next(_COUNTER) & 0xFF)) if self.root else None
         scratch = None
         if level != "bwrap":
@@ -282,14 +283,15 @@ class Sandbox:
 
     def run_python(self, code: str, stdin: str = "", level: str | None = None,
                    files: dict[str, str] | None = None) -> SandboxResult:
-        """Run ``code`` to completion; never raises for anything the code does.
+        """Run ``code`` to completion; never raises for anything the code does (:class:`SandboxStartError` if the
+        sandbox itself cannot start).
 
         ``files`` ({name: host path}): read-only inputs that appear as ``name`` in the working directory (the host
         file's directory becomes readable to the code at the Landlock levels: give each input a private directory).
         """
         run, err = self._launch(code, session=False, level=level, files=files)
         if run is None:
-            return SandboxResult("", "", None, 0.0, err)
+            raise SandboxStartError(err)
         try:
             run.write(stdin.encode())
             return run.finish()
@@ -300,6 +302,8 @@ class Sandbox:
     def session(self, code: str):
         """A running ``code`` to talk to line by line (``ask``); its result (``result``) once the block ends."""
         run, err = self._launch(code, session=True)
+        if run is None:
+            raise SandboxStartError(err)
         s = Session(run, err)
         try:
             yield s
@@ -350,7 +354,10 @@ def probe(level: str) -> str | None:
     else:
         sb = Sandbox.__new__(Sandbox)
         sb.limits, sb.root = SandboxLimits(wall_s=30, cpu_s=30), os.geteuid() == 0
-        r = sb.run_python(_PROBE, level=level)
+        try:
+            r = sb.run_python(_PROBE, level=level)
+        except SandboxStartError as e:
+            r = SandboxResult("", "", None, 0.0, str(e))
         words = r.stdout.split()
         why = r.error or (None if words[:1] == ["ok"] else f"unexpected probe output {r.stdout[:80]!r}")
         if why is None and sb.root and words[1:2] == ["0"]:

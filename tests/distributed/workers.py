@@ -42,6 +42,8 @@ def layout_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_
             trainer.step(t)
         result[objective] = full_state_dict(trainer.model)
         result[f"{objective}_comm"] = trainer.comm.total
+        result[f"{objective}_ledger"] = trainer.ledger.read()  # per step: seeds, signs, returns, shaped weights
+        result[f"{objective}_shards"] = sorted(s.info.name for s in trainer.shards)
         trainer.close()
     if rank == 0:
         torch.save(result, out_path)

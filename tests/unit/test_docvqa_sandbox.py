@@ -194,10 +194,9 @@ def test_bash_background_job_does_not_outlive_the_call(env):
     shared = tempfile.mkdtemp(prefix="esopt_test_")
     os.chmod(shared, 0o777)
     try:
-        t = time.monotonic()
         r = env.run_bash(f"(setsid nohup sleep 2.{tag[:3]} >/dev/null 2>&1; touch {shared}/late) & disown; "
                          "echo started")
-        assert r.stdout == "started\n" and time.monotonic() - t < LIMITS.wall_s
+        assert r.stdout == "started\n" and r.ok, r.error  # ended with the shell, not at the wall clock
         time.sleep(2.8)
         assert not os.path.exists(os.path.join(shared, "late"))
         assert not any(f"sleep 2.{tag[:3]}" in _cmdline(p) for p in os.listdir("/proc") if p.isdigit())

@@ -18,6 +18,11 @@ file, the config hash and identity) last, fsyncs and renames
 whose files match it, so a kill at any point of a save, or a later
 truncation, falls back to the previous complete checkpoint (or to base + full
 replay).
+
+A run directory is data: nothing read from it is unpickled. DCP's pickled
+``.metadata`` is replaced by ``chunks.json`` (:func:`~esopt_mp.dcp_boxes.metadata_to_json`),
+from which loads rebuild DCP's metadata; the tensors are read with torch's
+weights-only loader.
 """
 from __future__ import annotations
 
@@ -27,23 +32,26 @@ import json
 import logging
 import os
 import shutil
+import threading
 import warnings
 
 import torch
 
-from esopt_mp.dcp_boxes import box_state_dict, check_coverage
+from esopt_mp.dcp_boxes import (JsonMetadataReader, box_state_dict, check_coverage, metadata_from_json,
+                                 metadata_to_json)
 from esopt_mp.identity import diff_identity, file_sha256
 from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir, updates_digest
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
-DCP_METADATA = ".metadata"
-FORMAT = 2  # 1: per-tp-rank safetensors files (esopt_mp before DCP); such checkpoints are skipped, the ledger replays
+CHUNKS = "chunks.json"  # DCP's metadata as JSON data (dcp_boxes.metadata_to_json)
+DCP_METADATA = ".metadata"  # DCP's own, a pickle: removed from every checkpoint, never read
+FORMAT = 3  # 1: per-tp-rank safetensors files; 2: DCP with its pickled metadata. Both are skipped, the ledger replays
 # DCP warns on every single-process save/load that it assumes one process: that is the intent here (one writer)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 __all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "CheckpointMismatch", "CheckpointReadError",
            "Checkpointer", "dcp_metadata", "save_checkpoint", "checkpoint_steps", "load_checkpoint_",
-           "prune_checkpoints", "replay_", "restore_run_"]
+           "prune_checkpoints", "replay_", "restore_run_", "agree_on_failure"]
 
 
 class CheckpointError(ValueError):
@@ -90,16 +98,20 @@ def _write_json(path: str, obj) -> None:
 
 
 def write_shards(tmp: str, shards, staged: list[torch.Tensor], group, writer: int) -> None:
-    """DCP save of this rank's boxes into ``tmp`` (fsynced), then a sidecar with its files' sizes and SHA-256.
+    """DCP save of this rank's boxes into ``tmp`` (fsynced), writer 0 also describing it in ``chunks.json``, then a
+    sidecar with its files' sizes and SHA-256.
 
     ``group``: the writers' gloo group (None: this rank is the only writer).
     Runs in the checkpointer's thread; ``staged`` must not change meanwhile.
     """
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(box_state_dict(shards, staged), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
-             process_group=group, no_dist=group is None)
+    md = dcp.save(box_state_dict(shards, staged), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
+                  process_group=group, no_dist=group is None)
     mine = sorted(os.path.basename(p) for p in glob.glob(os.path.join(tmp, f"__{writer}_*")))
+    if writer == 0:  # every writer gets the global metadata back; one describes it
+        _write_json(os.path.join(tmp, CHUNKS), metadata_to_json(md))
+        mine.append(CHUNKS)
     _write_json(os.path.join(tmp, f"rank{writer}.sum.json"),
                 {f: {"bytes": os.path.getsize(os.path.join(tmp, f)), "sha256": file_sha256(os.path.join(tmp, f))}
                  for f in mine})
@@ -107,17 +119,16 @@ def write_shards(tmp: str, shards, staged: list[torch.Tensor], group, writer: in
 
 def finalize(tmp: str, final: str, step: int, layout: dict, writers: int, identity: dict | None = None,
              updates: str | None = None) -> None:
-    """Rank 0, after every writer finished: check the files against DCP's metadata, manifest last, fsync, rename."""
-    import torch.distributed.checkpoint as dcp
-
+    """Rank 0, after every writer finished: check the files against the chunk description, drop DCP's pickled
+    metadata, manifest last, fsync, rename."""
     files = {}
     for r in range(writers):
         side = os.path.join(tmp, f"rank{r}.sum.json")
         with open(side) as f:
             files.update(json.load(f))
-    meta = os.path.join(tmp, DCP_METADATA)
-    files[DCP_METADATA] = {"bytes": os.path.getsize(meta), "sha256": file_sha256(meta)}
-    wanted = {s.relative_path for s in dcp.FileSystemReader(tmp).read_metadata().storage_data.values()}
+    if CHUNKS not in files:
+        raise CheckpointError(f"{tmp}: writer 0 reported no {CHUNKS}")
+    wanted = {s.relative_path for s in dcp_metadata(tmp).storage_data.values()}
     if wanted - set(files):
         raise CheckpointError(f"{tmp}: DCP metadata names files no writer reported: {sorted(wanted - set(files))}")
     man = {"format": FORMAT, "step": step, "layout": layout, "files": files}
@@ -128,6 +139,8 @@ def finalize(tmp: str, final: str, step: int, layout: dict, writers: int, identi
     _write_json(os.path.join(tmp, MANIFEST), man)
     for r in range(writers):
         os.remove(os.path.join(tmp, f"rank{r}.sum.json"))
+    if os.path.exists(os.path.join(tmp, DCP_METADATA)):
+        os.remove(os.path.join(tmp, DCP_METADATA))
     fsync_dir(tmp)
     if os.path.exists(final):  # a re-save of this step: move the old one aside, drop it after the rename
         shutil.rmtree(final + ".old", ignore_errors=True)
@@ -135,6 +148,22 @@ def finalize(tmp: str, final: str, step: int, layout: dict, writers: int, identi
     os.replace(tmp, final)
     fsync_dir(os.path.dirname(final))
     shutil.rmtree(final + ".old", ignore_errors=True)
+
+
+def _in_background(fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` on a daemon thread: a write abandoned on an error path (:meth:`Checkpointer.close`), e.g.
+    waiting inside DCP's collective for a peer that failed, never holds the process's exit."""
+    future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+
+    def run():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 (DCP's CheckpointException included): reported by wait()
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="esopt-ckpt", daemon=True).start()
+    return future
 
 
 class Checkpointer:
@@ -150,8 +179,7 @@ class Checkpointer:
 
     def __init__(self, run_dir: str, dims, keep: int = 0, async_save: bool = True, identity: dict | None = None):
         self.run_dir, self.dims, self.keep, self.async_save, self.identity = run_dir, dims, keep, async_save, identity
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esopt-ckpt") if async_save else None
-        self._pending = None  # (step, tmp, final, future or None)
+        self._pending = None  # (step, tmp, final, future or None, updates)
 
     def save(self, step: int, perturber, updates: str | None = None) -> str:
         """Start saving the current state as step ``step`` (waits for the previous save first); returns its path.
@@ -175,8 +203,8 @@ class Checkpointer:
             states = perturber.state_tensors()
             staged = [s.detach().to("cpu", copy=self.async_save) for s in states]  # the step may go on
             args = (tmp, perturber.shards, staged, group, dims.tp_rank)
-            if self._pool is not None:
-                future = self._pool.submit(write_shards, *args)
+            if self.async_save:
+                future = _in_background(write_shards, *args)
             else:
                 future = concurrent.futures.Future()
                 try:
@@ -225,10 +253,16 @@ class Checkpointer:
         return final
 
     def close(self) -> None:
-        """Drop a pending save without finalizing (error paths: no collective). Its files stay a ``.tmp`` leftover."""
-        self._pending = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Drop a pending save without finalizing or waiting (error paths: no collective, no join).
+
+        A write still running, perhaps inside DCP's collective waiting for a
+        peer that failed, is abandoned: its daemon thread does not hold the
+        exit, and its ``step_N.tmp`` is a leftover the next save removes.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[3] is not None and not pending[3].done():
+            log.warning("rank %d: abandoning the unfinished checkpoint write of step %d (%s stays a leftover)",
+                        self.dims.rank, pending[0], pending[1])
 
 
 def save_checkpoint(run_dir: str, step: int, perturber, dims, keep: int = 0, identity: dict | None = None,
@@ -259,8 +293,9 @@ def check_checkpoint(path: str, files: list[str] | None = None, digest: bool = F
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: no valid {MANIFEST} ({e}); the save did not complete") from None
     if man.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {man.get('format')} (this esopt_mp reads {FORMAT}: "
-                              "torch.distributed.checkpoint); the ledger replays the steps instead")
+        raise CheckpointError(f"{path}: checkpoint format {man.get('format')} (this esopt_mp reads {FORMAT}: DCP data "
+                              f"described by {CHUNKS}; a pickled {DCP_METADATA} is never read); the ledger replays "
+                              "the steps instead")
     for name in entries if files is None else files:
         p, want = os.path.join(path, name), entries.get(name)
         if want is None or not os.path.isfile(p):
@@ -273,13 +308,12 @@ def check_checkpoint(path: str, files: list[str] | None = None, digest: bool = F
 
 
 def dcp_metadata(path: str):
-    """DCP's metadata of a checked checkpoint (unreadable: CheckpointError)."""
-    import torch.distributed.checkpoint as dcp
-
+    """DCP's metadata of a checkpoint, rebuilt from its ``chunks.json`` (unreadable or malformed: CheckpointError)."""
     try:
-        return dcp.FileSystemReader(path).read_metadata()
-    except Exception as e:  # a pickle or storage error of any type
-        raise CheckpointError(f"{path}: unreadable {DCP_METADATA} ({type(e).__name__}: {e})") from None
+        with open(os.path.join(path, CHUNKS)) as f:
+            return metadata_from_json(json.load(f), os.path.join(path, CHUNKS))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable {CHUNKS} ({e})") from None
 
 
 def checkpoint_steps(run_dir: str, max_step: int | None = None) -> list[tuple[int, str]]:
@@ -348,37 +382,78 @@ def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = No
     if updates and tie and tie != updates:
         raise CheckpointError(f"{path} was written by another run's ledger (its updates differ from this run's "
                               f"first {man['step']} steps)")
-    check_checkpoint(path, [DCP_METADATA], digest=True)  # before unpickling it
+    check_checkpoint(path, [CHUNKS], digest=True)
+    md = dcp_metadata(path)
     try:
-        files = check_coverage(dcp_metadata(path), perturber.shards, path)
+        files = check_coverage(md, perturber.shards, path)
     except ValueError as e:  # an intact checkpoint that is not of this model/selection/mesh: refuse, do not skip
         raise CheckpointMismatch(f"{e}; move {path} aside to resume from an older checkpoint or the ledger") from None
     check_checkpoint(path, sorted(files), digest=True)
     states = perturber.state_tensors()
     try:
         with torch.no_grad():
-            dcp.load(box_state_dict(perturber.shards, states), storage_reader=dcp.FileSystemReader(path),
+            dcp.load(box_state_dict(perturber.shards, states), storage_reader=JsonMetadataReader(path, md),
                      no_dist=True)
     except _dcp_failure() as e:  # a read error after the checks: the weights may be partly written; the
         raise CheckpointReadError(f"{path}: reading failed ({_describe(e)})") from None  # the caller reloads
     perturber.load_state_(states)  # in place: copies the master back to the device, drops a stale snapshot
 
 
-def replay_(perturber, entries: list[dict]) -> None:
-    """Re-apply the ledger's updates (no rollouts): bit-identical to the original steps."""
+def agree_on_failure(dims, error: Exception | None, what: str) -> None:
+    """One verdict for all ranks: if any rank's ``error`` is set, every rank raises the same line, at once.
+
+    One all-gather of each rank's error line (None when it succeeded),
+    called by every rank before any may enter the next collective: a rank
+    that failed alone would otherwise leave its peers waiting in that
+    collective for ``parallel.timeout_s``. The lowest failing rank's error
+    decides the line and the class (one of this module's, else RuntimeError). One process: ``error`` as it is.
+    """
+    if dims.world_size == 1:
+        if error is not None:
+            raise error
+        return
+    line = None if error is None else (type(error).__name__, str(error))
+    failed = [(r, x) for r, x in enumerate(dims.comm.all_gather_object(line)) if x is not None]
+    if not failed:
+        return
+    rank, (name, msg) = failed[0]
+    others = f" (and {len(failed) - 1} other rank{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+    cls = {c.__name__: c for c in (CheckpointError, CheckpointReadError, CheckpointMismatch, LedgerError)}.get(
+        name, RuntimeError)
+    raise cls(f"{what} failed on rank {rank}{others}: {msg}") from error
+
+
+def replay_(perturber, entries: list[dict], exact_restore: bool | None = None) -> None:
+    """Re-apply the ledger's steps as the run did, without rollouts: bit-identical to the original steps.
+
+    Each step's update, and where restoring a member is not exact
+    (``exact_restore`` False: es.restore=subtract without the fp32 master;
+    None: the perturber's own mode) also every member's perturb and restore,
+    in member order, as every rank of the run applied them: their rounding is
+    part of the run's weights. Noise passes only.
+    """
+    exact = perturber.exact_restore if exact_restore is None else exact_restore
     for e in entries:
-        perturber.update(e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0))
+        sigma = e.get("sigma", 0.0)
+        if not exact and sigma > 0.0:
+            for seed, sign in zip(e["seeds"], e["signs"]):
+                perturber.perturb(seed, sigma, sign)
+                perturber.restore()
+        if e["alpha"] > 0.0:
+            perturber.update(e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0))
 
 
 def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpoint: bool = True,
-                 identity: dict | None = None) -> int:
+                 identity: dict | None = None, exact_restore: bool | None = None) -> int:
     """Bring the weights to the end of ``entries``: newest loadable checkpoint (if wanted) + ledger replay.
 
     A checkpoint that fails its checks, or was written against another ledger
     (its ``updates_sha256`` differs from this ledger's first ``step``
     updates), is skipped for the previous one; with none left the replay
     starts from the base weights. Restoring is local to each rank (no
-    collective), so ranks may even fall back differently and still agree.
+    collective), so ranks may even fall back differently and still agree;
+    a rank that fails raises alone, and the caller makes every rank agree
+    (:func:`agree_on_failure`). ``exact_restore``: see :func:`replay_`.
     Returns the step the checkpoint covered (0 without one).
     """
     done, dirty = 0, None
@@ -394,5 +469,5 @@ def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpo
         break
     if dirty is not None and done == 0:  # no checkpoint replaced what the failed read wrote: base is gone
         raise CheckpointError(f"{dirty}; no older checkpoint could replace the partly read weights: rerun")
-    replay_(perturber, entries[done:])
+    replay_(perturber, entries[done:], exact_restore)
     return done

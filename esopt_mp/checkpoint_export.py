@@ -13,6 +13,7 @@ import shutil
 import torch
 
 from esopt_mp.checkpoint import CheckpointError, check_checkpoint, dcp_metadata
+from esopt_mp.dcp_boxes import JsonMetadataReader
 
 __all__ = ["export_checkpoint", "read_checkpoint"]
 
@@ -30,7 +31,8 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
     from safetensors.torch import save_file
 
     check_checkpoint(path, digest=True)
-    saved = dcp_metadata(path).state_dict_metadata
+    meta = dcp_metadata(path)  # from chunks.json: nothing is unpickled
+    saved = meta.state_dict_metadata
     tmp = out_dir + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -55,7 +57,7 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
                     raise CheckpointError(f"{path}: the saved chunks of {key} do not cover it")
                 trained[key] = torch.empty(shape, dtype=md.properties.dtype)
         if trained:
-            dcp.load(trained, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+            dcp.load(trained, storage_reader=JsonMetadataReader(path, meta), no_dist=True)
             tensors.update({k: v.to(dtype).contiguous() for k, v in trained.items()})  # ES tensors, served dtype
             used |= set(trained)
         save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
@@ -80,7 +82,7 @@ def read_checkpoint(path: str) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
 
     check_checkpoint(path, digest=True)
-    out = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-           for k, md in dcp_metadata(path).state_dict_metadata.items() if hasattr(md, "chunks")}
-    dcp.load(out, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    meta = dcp_metadata(path)
+    out = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in meta.state_dict_metadata.items()}
+    dcp.load(out, storage_reader=JsonMetadataReader(path, meta), no_dist=True)
     return out

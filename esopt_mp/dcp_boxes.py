@@ -9,16 +9,31 @@ the global tensor and, on load, reads any saved chunking into any requested
 one: that is what makes a checkpoint written at one dp x tp load at another.
 Boxes equal across ranks (replicas) are written once (DCP's save-plan dedup).
 
+DCP's own ``.metadata`` is a pickle, and unpickling a file runs whatever code
+it names. So a checkpoint carries a JSON description instead
+(:func:`metadata_to_json`: every tensor's dtype, global shape and chunks, each
+chunk's file, offset and length), from which :func:`metadata_from_json`
+rebuilds DCP's ``Metadata`` after checking every field, and
+:class:`JsonMetadataReader` hands it to ``dcp.load``; the pickle is never read.
+The chunks themselves are read by DCP with torch's weights-only loader.
+
 No collective here: saving and loading are driven by :mod:`esopt_mp.checkpoint`.
 """
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 
 import torch
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+                                                   TensorProperties, TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+JSON_FORMAT = 1  # of the JSON description (metadata_to_json)
+DATA_FILE = re.compile(r"__\d+_\d+\.distcp")  # DCP's data files: a plain name inside the checkpoint directory
+DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
 
 
 class BoxTensor(torch.Tensor):
@@ -110,3 +125,79 @@ def check_coverage(metadata, shards, where: str) -> set[str]:
                              f"{math.prod(info.local_shape)} elements of this rank's box at {tuple(info.offset)}; "
                              "this checkpoint's layout cannot map onto the current mesh")
     return files
+
+
+def metadata_to_json(md: Metadata) -> dict:
+    """DCP's metadata of a save of :func:`box_state_dict` as plain JSON data (tensors only, default properties)."""
+    tensors: dict[str, dict] = {}
+    for fqn, tmd in md.state_dict_metadata.items():
+        if not isinstance(tmd, TensorStorageMetadata) or tmd.properties != TensorProperties(dtype=tmd.properties.dtype):
+            raise ValueError(f"{fqn}: only plain tensors can be described ({type(tmd).__name__})")
+        chunks = []
+        for c in tmd.chunks:
+            info = md.storage_data[MetadataIndex(fqn, c.offsets)]
+            if info.transform_descriptors:
+                raise ValueError(f"{fqn}: stream transforms {info.transform_descriptors} are not supported")
+            chunks.append({"offsets": list(c.offsets), "sizes": list(c.sizes), "file": info.relative_path,
+                           "offset": info.offset, "length": info.length})
+        tensors[fqn] = {"dtype": str(tmd.properties.dtype).removeprefix("torch."), "size": list(tmd.size),
+                        "chunks": chunks}
+    return {"format": JSON_FORMAT, "dcp_version": md.version, "tensors": tensors}
+
+
+def _ints(v, n: int | None, what: str) -> list[int]:
+    if not isinstance(v, list) or (n is not None and len(v) != n) or \
+            not all(type(x) is int and x >= 0 for x in v):  # noqa: E721 (bool is not a size)
+        raise ValueError(f"{what} must be a list of {n if n is not None else 'some'} non-negative integers, got {v!r}")
+    return v
+
+
+def metadata_from_json(obj, where: str) -> Metadata:
+    """DCP's ``Metadata`` rebuilt from :func:`metadata_to_json`'s data; ``ValueError`` naming the field otherwise.
+
+    Checked: known dtypes only, chunks inside their tensor and disjoint (whether
+    they cover what a rank needs is :func:`check_coverage`'s), each in a plain
+    data file name of this directory with a non-negative offset and length.
+    Nothing in it is executed or imported.
+    """
+    if not isinstance(obj, dict) or obj.get("format") != JSON_FORMAT or not isinstance(obj.get("tensors"), dict):
+        raise ValueError(f"{where}: not a format-{JSON_FORMAT} checkpoint description")
+    state, storage = {}, {}
+    for fqn, t in obj["tensors"].items():
+        what = f"{where}: tensor {fqn!r}"
+        if not isinstance(t, dict) or t.get("dtype") not in DTYPES or not isinstance(t.get("chunks"), list) \
+                or not t["chunks"]:
+            raise ValueError(f"{what}: needs a dtype among {sorted(DTYPES)} and a non-empty chunk list")
+        size = _ints(t.get("size"), None, f"{what} size")
+        boxes = []
+        for i, c in enumerate(t["chunks"]):
+            cw = f"{what} chunk {i}"
+            if not isinstance(c, dict) or not isinstance(c.get("file"), str) or not DATA_FILE.fullmatch(c["file"]):
+                raise ValueError(f"{cw}: its file must be a DCP data file name (__<rank>_<n>.distcp)")
+            off, sz = _ints(c.get("offsets"), len(size), f"{cw} offsets"), _ints(c.get("sizes"), len(size),
+                                                                                 f"{cw} sizes")
+            _ints([c.get("offset"), c.get("length")], 2, f"{cw} offset and length")
+            if any(o + n > d for o, n, d in zip(off, sz, size)):
+                raise ValueError(f"{cw}: {off} + {sz} lies outside the tensor's size {size}")
+            if any(_overlap(off, sz, o2, n2) for o2, n2 in boxes):
+                raise ValueError(f"{cw}: overlaps another chunk")
+            boxes.append((off, sz))
+            index = MetadataIndex(fqn, torch.Size(off))
+            storage[index] = _StorageInfo(c["file"], c["offset"], c["length"])
+        state[fqn] = TensorStorageMetadata(TensorProperties(dtype=DTYPES[t["dtype"]]), torch.Size(size),
+                                           [ChunkStorageMetadata(torch.Size(o), torch.Size(n)) for o, n in boxes])
+    version = obj.get("dcp_version")
+    return Metadata(state, storage_data=storage, version=version if isinstance(version, str) else None)
+
+
+class JsonMetadataReader(FileSystemReader):
+    """DCP's file reader with its metadata given (from :func:`metadata_from_json`): the ``.metadata`` pickle is
+    never opened."""
+
+    def __init__(self, path: str, metadata: Metadata):
+        super().__init__(path)
+        self._metadata = metadata
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        self._metadata.storage_meta = StorageMeta(load_id=self.load_id)
+        return self._metadata

@@ -23,11 +23,12 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps, restore_run_
+from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, agree_on_failure, checkpoint_steps, restore_run_
 from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.envs.base import FAILURE_KINDS
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
+from esopt_mp.es.perturber import exact_restore
 from esopt_mp.identity import diff_identity
 from esopt_mp.ledger import updates_digest
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
@@ -139,6 +140,17 @@ class ESTrainer:
 
     # ------------------------------------------------------------------ build
     def _resume(self) -> int:
+        """:meth:`_restore`, with one verdict for all ranks: a rank that fails alone (a checkpoint that cannot map
+        onto its boxes, a read error with no older checkpoint) makes every rank raise the same line at once."""
+        start, err = 0, None
+        try:
+            start = self._restore()
+        except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
+            err = e
+        agree_on_failure(self.dims, err, "resuming the run")
+        return start
+
+    def _restore(self) -> int:
         try:
             entries = self.ledger.repair()  # raises if run.dir holds another config's ledger; cuts a torn tail
         except LedgerError as e:
@@ -149,7 +161,8 @@ class ESTrainer:
         if not entries:
             return 0
         done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries,
-                                                 identity=self.identity)
+                                                 identity=self.identity,
+                                                 exact_restore=exact_restore(self.cfg.es.restore, self.cfg.es.master))
         log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)
         return len(entries)
 
@@ -188,11 +201,18 @@ class ESTrainer:
             self.objective.trajectories = []
         local = {}
         perturb_s = restore_s = 0.0  # ES's own cost inside the step, beside the rollouts (tools/bench.py)
-        for m in tqdm(dims.members(es.population), desc=f"step {t} members", leave=False,
-                      disable=dims.rank != 0 or es.population < 4):
+        perturbed, mine = es_on and sigma > 0.0, set(dims.members(es.population))  # sigma 0 would change nothing
+        # a subtract restore leaves its rounding in the weights: every rank applies every member's perturb/restore in
+        # member order (other dp groups' as noise passes only), so replicas, layouts and replay agree bit for bit
+        order = range(es.population) if perturbed and not exact_restore(es.restore, es.master) else sorted(mine)
+        for m in tqdm(order, desc=f"step {t} members", leave=False, disable=dims.rank != 0 or es.population < 4):
             t1 = time.perf_counter()
-            if es_on:
+            if perturbed:
                 self.perturber.perturb(seeds[m], sigma, signs[m])
+            if m not in mine:
+                self.perturber.restore()
+                perturb_s += _since(t1)
+                continue
             perturb_s += _since(t1)
             try:
                 local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m],
@@ -205,7 +225,7 @@ class ESTrainer:
                 local[m] = math.nan
             finally:
                 t1 = time.perf_counter()
-                if es_on:
+                if perturbed:
                     self.perturber.restore()
                 restore_s += _since(t1)
         t_eval = time.perf_counter()

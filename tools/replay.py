@@ -3,9 +3,11 @@
     python tools/replay.py --run-dir runs/default --out runs/default/replayed
 
 No rollout is run: each ledger entry's update (seeds, signs, shaped weights,
-alpha) is re-applied on one process; a run with a context optimiser also gets
-its context after the last replayed step (out/context.txt, checked by hash). Noise is layout-invariant, so a run
-trained at any dp x tp replays here bit-exactly (fp32).
+alpha) is re-applied on one process, and with es.restore=subtract (no fp32
+master) also each member's perturb and restore, whose rounding the run's
+weights carry; a run with a context optimiser also gets its context after the
+last replayed step (out/context.txt, checked by hash). Noise is layout-invariant,
+so a run trained at any dp x tp replays here bit-exactly, in every restore mode.
 """
 from __future__ import annotations
 

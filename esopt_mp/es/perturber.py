@@ -64,6 +64,12 @@ def build_local_shards(module: torch.nn.Module, include=None) -> list[LocalShard
     ]
 
 
+def exact_restore(restore: str, master: str) -> bool:
+    """Whether :meth:`Perturber.restore` gives the weights back bit for bit (a snapshot or the fp32 master is copied
+    back); ``subtract`` alone leaves each perturb/restore's rounding in them, so replay must re-apply those too."""
+    return restore == "snapshot" or master == "fp32_host"
+
+
 def _finite(name: str, v: float, nonneg: bool = False) -> float:
     try:
         v = float(v)
@@ -115,6 +121,10 @@ class Perturber:
         self._snapshot: list[torch.Tensor] | None = None  # its tensors while they hold the current weights
 
     # ------------------------------------------------------------------ state
+    @property
+    def exact_restore(self) -> bool:
+        return exact_restore(self.restore_mode, self.master_mode)
+
     @property
     def is_perturbed(self) -> bool:
         return self._active is not None

@@ -31,3 +31,56 @@ def segment_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run
     trainer.close()
     if rank == 0:
         torch.save({"start": start, "restored": restored, "state": state}, out_path)
+
+
+def failing_read_worker(rank: int, world: int, model_path: str, run_dir: str, out_path: str) -> None:
+    """dp=2 resume of ``run_dir`` whose only checkpoint rank 1 cannot read (DCP's read fails midway there, so its
+    weights are partly overwritten and no older checkpoint can replace them); saves what each rank raised."""
+    import torch.distributed.checkpoint.filesystem as fs
+
+    dims = init_distributed(discover(), 2, 1)
+    if rank == 1:
+        def failing(self, plan, planner):
+            raise OSError(5, "Input/output error")
+
+        fs.FileSystemReader.read_data = failing
+    try:
+        ESTrainer(_cfg(2, 1, model_path, run_dir, "seed_hash", 4, population=4), dims).close()
+        got = None
+    except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
+        got = (type(e).__name__, str(e))
+    torch.save(got, f"{out_path}.{rank}")
+
+
+def abandoned_save_worker(rank: int, world: int, run_dir: str, out_path: str) -> None:
+    """tp=2, one writer group: both ranks start an asynchronous save; rank 1's write stalls (a slow disk, a hung
+    mount), so rank 0's DCP save waits inside the group's collective. Both then take an error path and close."""
+    import time
+
+    from esopt_mp import checkpoint as ck
+    from esopt_mp.es import LocalShard, Perturber, ShardInfo
+
+    dims = init_distributed(discover(), 1, 2, timeout_s=900)  # far beyond the test's own bound
+    box = torch.arange(12.0).view(2, 6)[rank : rank + 1].clone()
+    p = Perturber([LocalShard(box, ShardInfo("w", (2, 6), (rank, 0), (1, 6)))])
+    if rank == 1:
+        real = ck.write_shards
+        ck.write_shards = lambda *a: (time.sleep(900), real(*a))
+    c = ck.Checkpointer(run_dir, dims, async_save=True)
+    c.save(1, p)
+    c.close()
+    torch.save(c._pending is None, f"{out_path}.{rank}")
+
+
+def subtract_worker(rank: int, world: int, dp: int, model_path: str, run_dir: str, out_path: str, steps: int,
+                    dims=None) -> None:
+    """``steps`` steps of target_logprob (returns depend on the weights) with es.restore=subtract at dp x 1 (the
+    replicas are compared after every step: parallel.checksum_every=1); saves the weights and the returns."""
+    dims = dims or init_distributed(discover(), dp, 1)
+    trainer = ESTrainer(_cfg(dp, 1, model_path, run_dir, "target_logprob", steps, population=4, restore="subtract"),
+                        dims)
+    returns = [trainer.step(t)["return_mean"] for t in range(steps)]
+    state = full_state_dict(trainer.model)
+    trainer.close()
+    if rank == 0:
+        torch.save({"state": state, "returns": returns}, out_path)

@@ -1,6 +1,8 @@
 """Exact resume after SIGKILL, replay from the ledger, HF export, config errors before any rollout."""
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from esopt_mp.checkpoint import checkpoint_steps
 from esopt_mp.parallel.spawn import free_port
 
 pytestmark = pytest.mark.slow
@@ -52,6 +55,18 @@ def one_process_run(tmp_path_factory):
     return run
 
 
+def _kill_after_3_entries(cmd, run_dir):
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+                            start_new_session=True)
+    ledger = run_dir / "history.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not ledger.exists() or len(ledger.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-step: between ledger entries 3 and 4
+    proc.wait()
+    assert not (run_dir / "export").exists()
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, world, one_process_run):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
@@ -59,15 +74,7 @@ def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, world, one_process_ru
         ref = one_process_run
     else:
         _run(_cmd(world, ref))
-    proc = subprocess.Popen(_cmd(world, killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=_env(), start_new_session=True)
-    ledger = killed / "history.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and (not ledger.exists() or len(ledger.read_text().splitlines()) < 3):
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # mid-step: between ledger entries 3 and 4
-    proc.wait()
-    assert not (killed / "export").exists()
+    _kill_after_3_entries(_cmd(world, killed), killed)
     _run(_cmd(world, killed))
     assert _ledger(killed) == _ledger(ref)
     a, b = _weights(ref / "export"), _weights(killed / "export")
@@ -93,6 +100,62 @@ def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
     assert ex.returncode == 0, ex.stderr[-2000:]
     c = _weights(tmp_path / "ex")
     assert all(torch.equal(a[k], c[k]) for k in a)
+    from tests.unit.test_checkpoint import _plant  # a code-running .metadata in every checkpoint of a copy of the run
+
+    planted, marker = tmp_path / "planted", tmp_path / "code_ran"
+    shutil.copytree(run, planted)
+    for d in (planted / "ckpt").iterdir():
+        _plant(str(d), str(marker), manifest_too=True)
+    ex = subprocess.run([sys.executable, "tools/export_hf.py", "--run-dir", str(planted), "--out",
+                         str(tmp_path / "ex2")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ex.returncode == 0, ex.stderr[-2000:]
+    c = _weights(tmp_path / "ex2")
+    assert all(torch.equal(a[k], c[k]) for k in a) and not marker.exists()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_subtract_restore_resume_and_replay_are_bit_exact(tmp_path, dtype):
+    """es.restore=subtract leaves each member's perturb/restore rounding in the weights. SIGKILL + rerun (the
+    checkpoint of step 2 + the ledger's step 3) and tools/replay.py (base + the whole ledger) re-apply them: the
+    ledger (target_logprob's returns depend on the weights) and the weights equal the uninterrupted run's."""
+    extra = ["es.restore=subtract", f"model.dtype={dtype}"]
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    _run(_cmd(1, ref, extra))
+    _kill_after_3_entries(_cmd(1, killed, extra), killed)
+    saved = [s for s, _ in checkpoint_steps(str(killed))]
+    assert max(saved, default=0) < len(_ledger(killed))  # the rerun replays ledger steps past the checkpoint
+    _run(_cmd(1, killed, extra))
+    assert _ledger(killed) == _ledger(ref)
+    a, b = _weights(ref / "export"), _weights(killed / "export")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], v) for k, v in _weights(ref / "base_model").items())
+    out = subprocess.run([sys.executable, "tools/replay.py", "--run-dir", str(ref), "--out", str(tmp_path / "rep")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    c = _weights(tmp_path / "rep")
+    assert c.keys() == a.keys() and all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_subtract_restore_at_dp2_equals_one_process_and_replays(tmp_path):
+    """With es.restore=subtract every rank applies every member's perturb/restore (other dp groups' as noise passes
+    only): the dp=2 replicas stay identical (checked after every step), equal a 1-process run bit for bit, returns
+    included, and the ledger replays to the same weights."""
+    from esopt_mp.models import build_tiny_qwen35
+    from esopt_mp.parallel import ParallelDims
+    from esopt_mp.parallel.spawn import run_world
+    from tests.e2e.resume_workers import subtract_worker
+    from tools.replay import replay
+
+    model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, arch="qwen3")  # attention layers: target_logprob runs
+    subtract_worker(0, 1, 1, model, str(tmp_path / "one"), str(tmp_path / "one.pt"), 3, ParallelDims(1, 1, 1))
+    run_world(2, subtract_worker, 2, model, str(tmp_path / "dp2"), str(tmp_path / "dp2.pt"), 3)
+    one, dp2 = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "dp2.pt")
+    assert dp2["returns"] == one["returns"] and not any(math.isnan(r) for r in one["returns"])
+    assert all(torch.equal(dp2["state"][k], v) for k, v in one["state"].items())
+    replay(str(tmp_path / "dp2"), str(tmp_path / "rep"))
+    rep = _weights(tmp_path / "rep")
+    assert all(torch.equal(rep[k], one["state"][k]) for k in rep)
+    assert any(not torch.equal(rep[k], v) for k, v in load_file(os.path.join(model, "model.safetensors")).items())
 
 
 def test_bad_configs_fail_before_any_rollout(tmp_path):
@@ -130,7 +193,7 @@ def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
         assert got["start"] == got["restored"] == restored, (dp, tp, got["start"], got["restored"])
         assert sorted(os.listdir(os.path.join(run, "ckpt"))) == [f"step_{stop:06d}"]  # keep=1 pruned the rest
         man = json.load(open(os.path.join(run, "ckpt", f"step_{stop:06d}", "manifest.json")))
-        assert man["layout"] == {"dp": dp, "tp": tp} and man["format"] == 2
+        assert man["layout"] == {"dp": dp, "tp": tp} and man["format"] == 3
     segment_worker(0, 1, 1, 1, model, run, str(tmp_path / "last.pt"), 6, 6, one)  # tp=2 checkpoint at 1x1
     last = torch.load(tmp_path / "last.pt")
     assert last["restored"] == 6

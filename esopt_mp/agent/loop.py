@@ -20,6 +20,7 @@ from esopt_mp.agent.chat import IM_END, delta_text, opening_text
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import InfraError, call_envs, failure_return
+from esopt_mp.envs.toolcalls import clean_text
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ def build_agent_config(env_cfg, sampling: SamplingParams) -> AgentConfig:
                        max_episode_tokens=env_cfg.max_episode_tokens, env_workers=env_cfg.env_workers)
 
 
+_NOT_RECORDED = ("token_ids", "spans", "ret", "floor")
+
+
 @dataclasses.dataclass
 class Episode:
     id: str
@@ -55,16 +59,15 @@ class Episode:
     turns: list = dataclasses.field(default_factory=list)
     error: str | None = None
     failure: str | None = None  # failed episodes: model | wall_clock (scored the env's failure_return) | infra (NaN)
+    floor: float = 0.0  # the env's failure return: what a failed episode scores where none may be left out
     seconds: float = 0.0
     token_ids: list = dataclasses.field(default_factory=list)
     spans: list = dataclasses.field(default_factory=list)  # [start, end) of each turn's generated tokens in token_ids
 
     def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("token_ids")
-        d.pop("spans")
+        """The trajectory record (turns are JSON already: no deep copy, which a deep ``info`` would recurse in)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_RECORDED}
         d["return"] = None if math.isnan(self.ret) else self.ret
-        d.pop("ret")
         return d
 
 
@@ -125,7 +128,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     for i, (out, err, secs) in enumerate(resets):
         start[i] = time.perf_counter() - secs
         if err is not None:  # any env failure marks the episode, never the step; reset sees no model text
-            _fail(episodes[i], f"reset: {type(err).__name__}: {err}", "infra")
+            _fail(episodes[i], f"reset: {type(err).__name__}: {err}", "infra", envs[i])
             continue
         msgs, _ = out
         if contexts and contexts[i]:
@@ -152,25 +155,30 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
                 kind = "infra" if isinstance(err, InfraError) else "model"
                 _fail(ep, f"step {len(ep.turns) + 1}: {type(err).__name__}: {err}", kind, envs[i])
                 continue
-            msgs, reward, term, trunc, info = out
-            ep.turns.append({"prompt": prompts[i], "prompt_tokens": len(new_ids[i]), "response": g.text, "response_tokens": len(g.token_ids), "finish": g.finish,
-                             "prefill_tokens": g.prefill_tokens, "gen_s": g.seconds,
-                             "env_s": env_s, "reward": reward, "messages": msgs,
-                             "info": _jsonable(info)})
-            elapsed = time.perf_counter() - start[i]
-            if elapsed > cfg.episode_timeout_s:
-                _fail(ep, f"wall clock {elapsed:.1f} s exceeds {cfg.episode_timeout_s:g} s", "wall_clock", envs[i])
+            try:  # what the env returned for the model's reply, recorded and turned into the next prompt
+                msgs, reward, term, trunc, info = out
+                reward = float(reward)
+                ep.turns.append({"prompt": prompts[i], "prompt_tokens": len(new_ids[i]), "response": g.text,
+                                 "response_tokens": len(g.token_ids), "finish": g.finish,
+                                 "prefill_tokens": g.prefill_tokens, "gen_s": g.seconds, "env_s": env_s,
+                                 "reward": reward, "messages": _jsonable(msgs), "info": _jsonable(info)})
+                elapsed = time.perf_counter() - start[i]
+                if elapsed > cfg.episode_timeout_s:
+                    _fail(ep, f"wall clock {elapsed:.1f} s exceeds {cfg.episode_timeout_s:g} s", "wall_clock", envs[i])
+                    continue
+                if term or trunc or len(ep.turns) >= budget[i]:
+                    ep.ret = reward
+                    ep.ended = "terminated" if term else "truncated" if trunc else "turn_budget"
+                    ep.seconds = elapsed
+                    continue
+                ended_clean = bool(g.token_ids) and g.token_ids[-1] == im_end
+                prompts[i] = clean_text(delta_text(ended_clean, msgs))  # the env may echo the reply's bad text
+                new_ids[i] = _encode(tok, prompts[i])
+            except Exception as e:  # noqa: BLE001 - what the model's reply made of the env's answer: its failure
+                _fail(ep, f"step {len(ep.turns)}: {type(e).__name__}: {e}", "model", envs[i])
                 continue
-            if term or trunc or len(ep.turns) >= budget[i]:
-                ep.ret = float(reward)
-                ep.ended = "terminated" if term else "truncated" if trunc else "turn_budget"
-                ep.seconds = elapsed
-                continue
-            ended_clean = bool(g.token_ids) and g.token_ids[-1] == im_end
-            prompts[i] = delta_text(ended_clean, msgs)
-            new_ids[i] = _encode(tok, prompts[i])
             if _left(cfg, convs[i], new_ids[i]) < 1:
-                _out_of_tokens(ep, float(reward), elapsed)
+                _out_of_tokens(ep, reward, elapsed)
                 continue
             nxt.append(i)
         live = nxt
@@ -250,21 +258,35 @@ def _out_of_tokens(ep: Episode, ret: float, seconds: float) -> None:
 def _fail(ep: Episode, error: str, kind: str, env=None) -> None:
     """End ``ep`` as failed: an infrastructure fault is NaN (left out of the mean), the model's own failure scores
     ``env``'s failure return (counted like a loss, never a free pass)."""
-    ep.ret = math.nan if kind == "infra" else failure_return(env)
+    if kind == "infra":  # the env may not know its failure return yet (a reset that failed): then 0
+        try:
+            ep.floor = failure_return(env) if env is not None else 0.0
+        except Exception:  # noqa: BLE001
+            ep.floor = 0.0
+        ep.ret = math.nan
+    else:
+        ep.ret = ep.floor = failure_return(env)
     ep.ended, ep.error, ep.failure = "failed", error, kind
     log.warning("episode %s failed (%s): %s", ep.id, kind, error)
 
 
 def _jsonable(x):
+    """``x`` as JSON can hold it (other objects as their ``str``); a value nested too deeply to copy, or that cannot
+    be turned into JSON at all, is recorded as a note instead (the episode goes on)."""
     try:
-        json.dumps(x)
-        return x
-    except TypeError:
         return json.loads(json.dumps(x, default=str))
+    except (RecursionError, TypeError, ValueError) as e:
+        return {"unrecorded": f"{type(e).__name__}: {str(e)[:200]}"}
 
 
 def write_trajectories(path: str, episodes: list[Episode], **extra) -> None:
     """Append one JSON line per episode (its turns, return, why it ended)."""
     with open(path, "a") as f:
         for ep in episodes:
-            f.write(json.dumps({**extra, **ep.to_json()}) + "\n")
+            row = {**extra, **ep.to_json()}
+            try:
+                line = json.dumps(row)
+            except (RecursionError, ValueError) as e:  # a turn's info too deep for JSON: the record without infos
+                turns = [{**t, "info": {"unrecorded": type(e).__name__}} for t in row["turns"]]
+                line = json.dumps({**row, "turns": turns})
+            f.write(line + "\n")

@@ -8,7 +8,7 @@ unperturbed weights, spread over the dp groups, each sample seeded by
 (question, sample) only: the same streams at every evaluation and across a resume
 (common random numbers: before and after are comparable); all-reduces give every rank the Mean@k (mean return) and
 Pass@k (per question the best of k) that one group playing all would get; a
-failed held-out episode counts as 0 there. In training, an episode the model failed
+failed held-out episode scores its environment's failure return there. In training, an episode the model failed
 (an environment error its text caused, its wall clock) scores the environment's
 failure return; only an infrastructure fault is NaN and left out of the member's
 mean. Each kind is counted (:meth:`AgentObjective.take_failures`).
@@ -101,14 +101,15 @@ class AgentObjective:
         self.trajectories: list = []  # the training episodes of the current step, for the context optimiser
         self.failures: Counter = Counter()  # failed training episodes this rank played, by kind, since the last take
 
-    def _play(self, tasks, seeds, cfg, render=None, failed_as_zero=False, **tags) -> tuple[float, int]:
-        """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers. ``failed_as_zero``:
-        a failed episode (NaN) counts as 0 instead of being left out (comparisons where failing must cost)."""
+    def _play(self, tasks, seeds, cfg, render=None, failed_count=False, **tags) -> tuple[float, int]:
+        """(sum, count) of the finite episode returns on the TP leader; (0, 0) on its peers. ``failed_count``:
+        an infrastructure-failed episode (NaN) scores its env's failure return instead of being left out
+        (comparisons where failing must cost)."""
         if not self.dims.is_tp_leader:
             self._follow(len(tasks), cfg)
             return 0.0, 0
         eps = self.play(tasks, seeds, cfg, render=render, **tags)
-        rets = [0.0 if math.isnan(e.ret) else e.ret for e in eps] if failed_as_zero else \
+        rets = [e.floor if math.isnan(e.ret) else e.ret for e in eps] if failed_count else \
             [e.ret for e in eps if not math.isnan(e.ret)]
         return sum(rets), len(rets)
 
@@ -227,11 +228,11 @@ class AgentObjective:
         """Mean@k on every rank (k = ``eval_repeats`` samples per held-out question); Pass@k in ``last_eval``.
 
         Sample s of question q is seeded by (q, s), whichever dp group plays it and whichever evaluation this
-        is: group g plays the episodes g, g + dp, ... of the question-major list. A failed episode scores 0 (an infrastructure
-        fault) or the environment's failure return (the model's error, its wall clock) -- a failure is not an
-        answer -- and is counted in ``failed``, by kind in ``failures``. Two all-reduces: (sum, count, above half,
-        failures by kind) and, per question, the best return (Pass@k: the mean over questions of the
-        best of k).
+        is: group g plays the episodes g, g + dp, ... of the question-major list. A failed episode -- the model's
+        error, its wall clock, or an infrastructure fault -- scores the environment's failure return (0; a
+        heuristic problem's failure score): a failure is not an answer. It is counted in ``failed``, by kind in
+        ``failures``. Two all-reduces: (sum, count, above half, failures by kind) and, per question, the best
+        return (Pass@k: the mean over questions of the best of k).
         """
         r, k, n = self.eval_round, self.cfg.eval_repeats, len(self.eval_tasks)
         self.eval_round += 1
@@ -241,7 +242,7 @@ class AgentObjective:
             eps = self.play([self.eval_tasks[e // k] for e in mine], seeds, self.eval_cfg, slots=mine, kind="eval",
                             round=r)
             kinds = Counter(ep.failure for ep in eps if ep.failure)
-            rets = [(e // k, 0.0 if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
+            rets = [(e // k, ep.floor if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
         else:  # one follow per batch of env.web.max_browsers episodes the leader plays
             self._follow(len(mine), self.eval_cfg)
             rets, kinds = [], Counter()
@@ -315,7 +316,7 @@ class AgentObjective:
         trajectories the proposer read; fewer left: any), played with ``text`` as the context; seeds from (run
         seed, step), so two contexts validated at one step meet the same episodes.
         The episodes are spread over the dp groups and summed (one all-reduce), like held-out evaluation; a failed
-        episode scores 0, as there."""
+        episode scores its environment's failure return, as there."""
         from esopt_mp.prompt import context_hash
 
         played = {id(t) for s in {step, *steps} for t in self.step_tasks(s)}
@@ -332,7 +333,7 @@ class AgentObjective:
         total, count = 0.0, 0
         if mine:
             total, count = self._play([tasks[i] for i in mine], [seeds[i] for i in mine], self.eval_cfg,
-                                      render=lambda s, slot: text, failed_as_zero=True, kind="skill_val", step=step,
+                                      render=lambda s, slot: text, failed_count=True, kind="skill_val", step=step,
                                       context=context_hash(text))  # a skill that makes episodes fail must lose
         stats = self.dims.comm.all_reduce(torch.tensor([total, count], dtype=torch.float64), "sum", "world")
         return stats[0].item() / stats[1].item() if stats[1].item() else math.nan

@@ -27,6 +27,7 @@ from esopt_mp.agent.loop import build_agent_config, follow_episodes
 from esopt_mp.baselines import build_baseline, build_token_batch
 from esopt_mp.config import TrainConfig
 from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.envs.base import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
@@ -97,8 +98,9 @@ class BaselineTrainer:
         rets = [r for *_, r, _ in payload]
         ok = [r for r in rets if not math.isnan(r)]
         lead = dims.is_tp_leader
-        totals = torch.tensor([sum(ok), len(ok), len(rets) - len(ok)] if lead else [0.0, 0.0, 0.0], dtype=torch.float64)
-        totals = dims.comm.all_reduce(totals, "sum", "world")
+        kinds = self.objective.take_failures()  # the leader's failed episodes by kind (peers played none)
+        local = [sum(ok), len(ok), len(rets) - len(ok), *kinds] if lead else [0.0] * (3 + len(kinds))
+        totals = dims.comm.all_reduce(torch.tensor(local, dtype=torch.float64), "sum", "world")
         best = dims.comm.all_reduce(torch.tensor([max(ok) if ok and lead else -math.inf], dtype=torch.float64), "max",
                                     "world")
         return batch, [*totals.tolist(), float(best[0])]
@@ -109,12 +111,13 @@ class BaselineTrainer:
 
     def step(self, t: int) -> dict:
         t0 = time.perf_counter()
-        batch, (total, n, failed, best) = self.rollouts(t)
+        batch, (total, n, failed, *kinds, best) = self.rollouts(t)
         t_roll = time.perf_counter()
         stats = self.optimizer.update(batch)
         return {"step": t, "algo": self.algo.name, "lr": self.algo.lr,
                 "return_mean": total / n if n else math.nan, "return_max": best if n else math.nan,
                 "failed": int(failed), "episodes": int(n + failed), "tokens": int(batch.loss_mask.sum()),
+                "episodes_failed": {k: int(c) for k, c in zip(FAILURE_KINDS, kinds)},
                 "rollout_s": t_roll - t0, "update_s": time.perf_counter() - t_roll,
                 "step_s": time.perf_counter() - t0, **stats}
 

@@ -24,7 +24,7 @@ from esopt_mp.envs.base import register
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 from esopt_mp.envs.docvqa_config import DocVQAConfig, resolve_tesseract
 from esopt_mp.envs.sandbox.core import WORKSPACE
-from esopt_mp.envs.toolcalls import build_parser
+from esopt_mp.envs.toolcalls import MAX_CALLS, build_parser
 
 DOC = "document.png"
 SYSTEM = (f"Answer the question about the document image {WORKSPACE}/{DOC}. You cannot see it: inspect it with the "
@@ -147,9 +147,11 @@ class DocVQAEnv:
         out_of_turns = self.turn >= self.max_turns
         if calls:  # an answer written next to a call comes before that call's observation: ignored
             msgs = []
-            for call in calls:
+            for k, call in enumerate(calls):
                 command = call.arguments.get("command", call.arguments.get("cmd"))
-                if call.error:
+                if k >= MAX_CALLS:  # each call may take the sandbox's wall clock: a turn stays bounded
+                    out = f"not run: at most {MAX_CALLS} tool calls per turn"
+                elif call.error:
                     out = call.error
                 elif call.name != "bash" or not isinstance(command, str):
                     out = f"unknown tool {call.name!r} or missing 'command' parameter; the only tool is bash(command)"

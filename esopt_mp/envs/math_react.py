@@ -12,7 +12,7 @@ import json
 import random
 import re
 
-from esopt_mp.envs.toolcalls import build_parser
+from esopt_mp.envs.toolcalls import MAX_CALLS, build_parser
 from esopt_mp.envs.base import register
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
@@ -20,7 +20,7 @@ SYSTEM = ("Solve the problem. You may run Python with the `python` tool: "
           "<tool_call>\n<function=python>\n<parameter=code>\n...\n</parameter>\n</function>\n</tool_call>. "
           "Give the final answer as \\boxed{...}.")
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}")
-_ANSWER_LINE = re.compile(r"^\s*Answer:\s*(.+?)\s*$", re.MULTILINE)
+_ANSWER_LINE = re.compile(r"^[ \t]*Answer:[ \t]*\n?[ \t]*(\S.*?)[ \t]*$", re.MULTILINE)  # linear in the text
 
 
 def extract_answer(text: str) -> str | None:
@@ -104,8 +104,10 @@ class MathReactEnv:
         info = {"tool_calls": [c.__dict__ for c in calls], "tool_results": []}
         if calls:
             msgs = []
-            for call in calls:
-                if call.error:
+            for k, call in enumerate(calls):
+                if k >= MAX_CALLS:  # each call may take the sandbox's wall clock: a turn stays bounded
+                    out = f"not run: at most {MAX_CALLS} tool calls per turn"
+                elif call.error:
                     out = call.error
                 elif call.name != "python" or not isinstance(call.arguments.get("code"), str):
                     out = (f"unknown tool {call.name[:80]!r} or missing 'code' text parameter; the only tool is "

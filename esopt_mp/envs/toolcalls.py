@@ -36,11 +36,33 @@ _PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parame
 def clean_text(s: str) -> str:
     """``s`` as valid UTF-8 text: a lone surrogate (a JSON ``\\ud800`` escape) becomes U+FFFD, so whatever runs
     the argument (a sandbox writing it to a pipe) can encode it."""
-    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")  # a valid pair joins
+
+
+MAX_CALLS = 4  # tool calls run per reply (the rest are answered "not run"): a turn's time stays bounded
+MAX_DEPTH = 16  # nesting an argument may have: deeper JSON is refused (copying or logging it would recurse)
 
 
 def _clean(v):
-    return clean_text(v) if isinstance(v, str) else v
+    """``v`` with every string in it made valid text (called on values of bounded depth)."""
+    if isinstance(v, str):
+        return clean_text(v)
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    if isinstance(v, dict):
+        return {clean_text(str(k)): _clean(x) for k, x in v.items()}
+    return v
+
+
+def _depth(v) -> int:
+    """How deeply ``v`` nests lists and objects (iterative: a deep value must not recurse here either)."""
+    deepest, todo = 0, [(v, 0)]
+    while todo:
+        x, d = todo.pop()
+        deepest = max(deepest, d)
+        if d <= MAX_DEPTH and isinstance(x, (list, dict)):
+            todo += [(y, d + 1) for y in (x.values() if isinstance(x, dict) else x)]
+    return deepest
 
 
 class QwenXMLParser:
@@ -71,6 +93,8 @@ class HermesJSONParser:
                     args = json.loads(args)
                 if not isinstance(obj["name"], str) or not isinstance(args, dict):
                     raise TypeError("'name' must be a string and 'arguments' an object")
+                if _depth(args) > MAX_DEPTH:
+                    raise RecursionError
                 calls.append(ToolCall(clean_text(obj["name"]), {clean_text(k): _clean(v) for k, v in args.items()}))
             except (KeyError, TypeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
                 reason = "nested too deeply" if isinstance(e, RecursionError) else clean_text(str(e))[:200]

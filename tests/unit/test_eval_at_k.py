@@ -12,7 +12,7 @@ class _Comm:
         return t.clone()
 
 
-def _objective(k, tasks, returns, dp=1, dp_rank=0):
+def _objective(k, tasks, returns, dp=1, dp_rank=0, floor=0.0):
     """An AgentObjective whose episodes return ``returns[(task id, seed)]`` (no model: the aggregation only)."""
     obj = AgentObjective.__new__(AgentObjective)
     obj.cfg = types.SimpleNamespace(eval_repeats=k, name="docvqa")
@@ -23,7 +23,7 @@ def _objective(k, tasks, returns, dp=1, dp_rank=0):
     def play(ts, seeds, cfg, **tags):
         obj.played += [(t["id"], s) for t, s in zip(ts, seeds)]
         rets = [returns(t["id"], s) for t, s in zip(ts, seeds)]  # a NaN: an infrastructure fault, as the loop says
-        return [types.SimpleNamespace(ret=r, failure="infra" if math.isnan(r) else None) for r in rets]
+        return [types.SimpleNamespace(ret=r, failure="infra" if math.isnan(r) else None, floor=floor) for r in rets]
 
     obj.play = play
     return obj
@@ -49,6 +49,14 @@ def test_failed_episodes_count_as_zero_not_dropped():
     obj = _objective(2, [{"id": "a"}, {"id": "b"}], lambda tid, s: 1.0 if tid == "a" else math.nan)
     assert obj.evaluate(None, None) == 0.5
     assert (obj.last_eval["mean@2"], obj.last_eval["pass@2"], obj.last_eval["failed"]) == (0.5, 0.5, 2)
+
+
+def test_a_failed_episode_scores_the_envs_failure_return_not_zero():
+    """Heuristic design: real scores are <= 0 and failing scores -3; an infrastructure fault scoring 0 would beat
+    every real program. Question a [-1, -1], question b [NaN, NaN] with floor -3: Mean@2 = -2, Pass@2 = -2."""
+    obj = _objective(2, [{"id": "a"}, {"id": "b"}], lambda tid, s: -1.0 if tid == "a" else math.nan, floor=-3.0)
+    assert obj.evaluate(None, None) == -2.0
+    assert (obj.last_eval["pass@2"], obj.last_eval["failed"], obj.last_eval["failures"]["infra"]) == (-2.0, 2, 2)
 
 
 def test_sample_seeds_do_not_depend_on_the_dp_split():

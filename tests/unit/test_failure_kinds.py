@@ -43,6 +43,7 @@ def test_each_failure_kind_scores_as_it_should():
     assert [e.failure for e in eps] == [None, "model", "infra", "infra"]
     assert eps[0].ret == 1.0 and eps[1].ret == ScriptedEnv.failure_return  # the model's crash is a loss
     assert math.isnan(eps[2].ret) and math.isnan(eps[3].ret)  # the infrastructure's: left out
+    assert [e.floor for e in eps[1:]] == [ScriptedEnv.failure_return] * 3  # where none may be left out
     assert "RecursionError" in eps[1].error and "InfraError" in eps[2].error and "OSError" in eps[3].error
     assert all(e.to_json()["failure"] == e.failure for e in eps)
 
@@ -128,3 +129,30 @@ def test_a_sandbox_that_cannot_start_is_the_infrastructures(monkeypatch):
     eps = run_episodes(ScriptedEngine(replies), envs, tasks, [0, 1], AgentConfig(max_turns=2))
     assert [e.failure for e in eps] == ["infra", "infra"] and all(math.isnan(e.ret) for e in eps)
     assert all("SandboxStartError" in e.error for e in eps)
+
+
+def test_the_baselines_count_failure_kinds_in_their_step_log(tmp_path, monkeypatch):
+    """GRPO plays the same envs: its step log counts the kinds too, and trains on the model's failures (they are
+    returns), while the infrastructure's are dropped."""
+    import esopt_mp.agent.objective as objective
+    from esopt_mp.baselines.trainer import BaselineTrainer
+    from esopt_mp.parallel import ParallelDims
+
+    monkeypatch.setattr(objective, "make", lambda name, **kw: Zero())
+    cfg = build_config({
+        "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"}, "es": {"steps": 1},
+        "env": {"name": "sudoku", "size": 4, "mask_count": 1, "max_turns": 1, "n_train": 2, "n_eval": 2,
+                "episodes_per_step": 1},
+        "algo": {"name": "grpo", "tasks_per_step": 2, "generations": 2},
+        "run": {"dir": str(tmp_path), "trajectories": False},
+    })
+    trainer = BaselineTrainer(cfg, ParallelDims(1, 1, 1))
+    try:
+        for task, do in zip(trainer.objective.train_tasks, ("crash", "infra")):
+            task["do"] = do
+        rec = trainer.step(0)
+    finally:
+        trainer.close()
+    assert rec["episodes_failed"] == {"model": 2, "wall_clock": 0, "infra": 2}
+    assert (rec["failed"], rec["return_mean"]) == (2, 0.0)
+    assert rec["episodes"] == 2  # the update's episodes: the two the model failed; the two NaN ones are dropped

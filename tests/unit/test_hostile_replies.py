@@ -40,7 +40,11 @@ HOSTILE = [
     "```python\n" + "(" * 3000 + "\n```", "```python\ndef score(item, bins):\n    return " + DEEP + "\n```",
     "```python\n\ud800\n```", "```" * 1000, "```python\n" + "x" * 60000,
     "<think>" * 1000 + "click('1')", "</think>" * 1000,
+    'send_msg_to_user("\\ud800")', 'fill("1", "\\udfff")',  # escapes that make lone surrogates in a literal
 ]
+for depth in (17, 600, 980):  # parsed by json, but too deep to copy or log (asdict, json.dumps recurse)
+    HOSTILE.append('<tool_call>{"name":"python","arguments":{"code":"print(1)","command":"ls","x":'
+                   + "[" * depth + "]" * depth + "}}</tool_call>")
 
 
 def _mixed(n: int, seed: int = 0) -> list[str]:
@@ -54,8 +58,14 @@ CORPUS = HOSTILE + _mixed(40)
 
 
 def _check_step(env, reply):
+    """One step: feedback the tokenizer can encode, an info the trajectory file can hold."""
+    import json
+
     msgs, reward, term, trunc, info = env.step(reply)
     assert isinstance(msgs, list) and all(isinstance(m.get("content", ""), str) for m in msgs)
+    for m in msgs:
+        m.get("content", "").encode("utf-8")
+    json.dumps(info, default=str)
     assert isinstance(float(reward), float) and isinstance(term, bool) and isinstance(trunc, bool)
     return reward, term
 
@@ -108,11 +118,14 @@ def test_math_react_steps_on_hostile_text(sandbox):
             env.reset({"id": "q", "question": "1+1?", "answer": "2"})
 
 
-def test_heuristic_steps_on_hostile_text(sandbox):
+@pytest.mark.parametrize("problem", ["bpp_online", "tsp_constructive", "tsp_aco"])
+def test_heuristic_steps_on_hostile_text(sandbox, problem):
+    from esopt_mp.envs import ahd
     from esopt_mp.envs.heuristic import generate
 
-    env = make("heuristic", max_turns=10 ** 6, sandbox=sandbox)
-    task = generate(1, seed=0, n_instances=2, n_items=20)[0]
+    env = make("heuristic", max_turns=10 ** 6, sandbox=sandbox, problem=problem)
+    task = generate(1, seed=0, n_instances=2, n_items=20)[0] if problem == "bpp_online" else \
+        ahd.generate_tasks(problem, 1, seed=0)[0]
     env.reset(task)
     floor = failure_return(env)
     for reply in CORPUS:
@@ -164,4 +177,71 @@ def test_webarena_lite_steps_on_hostile_text(monkeypatch):
         _check_step(env, reply)
         assert env.gym is gym  # feedback, not a closed browser
     assert all(isinstance(a, str) for a in gym.actions)
+    for a in gym.actions:
+        a.encode("utf-8")  # BrowserGym echoes a message into the next page: it must be text the tokenizer takes
     env.gym = env._worker = None
+
+
+def test_hostile_replies_through_the_agent_loop_leave_a_trajectory(sandbox, tmp_path):
+    """The loop records each turn (its info, the env's feedback) and writes the trajectories file: a reply whose
+    parsed arguments nest deeply, or whose feedback carries bad text, ends no episode and the batch goes on."""
+    import json
+
+    from esopt_mp.agent.loop import AgentConfig, run_episodes, write_trajectories
+    from tests.web.scripted import ScriptedEngine
+
+    deep = [h for h in HOSTILE if '"x":[' in h or "\\ud" in h or "\ud800" in h]
+    task = {"id": "q", "question": "1+1?", "answer": "2"}
+    envs = [make("math_react", max_turns=len(deep), sandbox=sandbox) for _ in range(2)]
+    eps = run_episodes(ScriptedEngine([deep, deep[::-1]]), envs, [task, task], [0, 1],
+                       AgentConfig(max_turns=len(deep)))
+    assert [e.failure for e in eps] == [None, None] and all(e.ended != "failed" and e.turns for e in eps), eps
+    write_trajectories(str(tmp_path / "t.jsonl"), eps, step=0)
+    rows = [json.loads(line) for line in open(tmp_path / "t.jsonl")]
+    assert [len(r["turns"]) for r in rows] == [len(e.turns) for e in eps]
+
+
+class _HangingWorker(_Worker):  # the browser call never returns within its time limit
+    def call(self, fn, *args, timeout_s=None, **kwargs):
+        from esopt_mp.envs.web import worker
+
+        if getattr(fn, "__name__", "") == "step":
+            raise worker.CallTimeout("no answer")
+        return fn(*args, **kwargs)
+
+    def kill(self):
+        return 0
+
+
+@pytest.mark.parametrize("site_up", [True, False])
+def test_a_hanging_action_is_the_models_unless_a_site_is_down(monkeypatch, site_up):
+    """goto() to an address that accepts and never replies hangs the step: with the task's site answering that is
+    the model's doing (TimeoutError: scored 0); with the site down it is the infrastructure's (SiteDown)."""
+    import http.server
+    import socket
+    import threading
+
+    from esopt_mp.envs import InfraError
+    from esopt_mp.envs.web.config import WebConfig
+    from esopt_mp.envs.web.env import SiteDown, WebArenaLiteEnv
+
+    if site_up:
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{srv.server_address[1]}/"
+    else:
+        with socket.socket() as s:  # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}/"
+    monkeypatch.setattr(WebArenaLiteEnv, "_tree", lambda self, obs: "[1] button 'ok'")
+    env = make("webarena_lite", max_turns=5, web=WebConfig(preflight_timeout_s=5.0))
+    env.task, env.turn, env.t0, env.goal = {"id": "t", "gym_id": "browsergym/esopt_demo.x", "url": url}, 0, 1e18, "g"
+    env.obs, env.gym, env._worker = {"url": url}, _Gym(), _HangingWorker()
+    try:
+        with pytest.raises(TimeoutError if site_up else SiteDown) as e:
+            env.step('goto("http://127.0.0.1:9/")')
+        assert isinstance(e.value, InfraError) != site_up and env.gym is None
+    finally:
+        if site_up:
+            srv.shutdown()
+            srv.server_close()

@@ -236,11 +236,15 @@ class Sandbox:
         uid = UID_BASE + ((os.getpid() << 8) | (next(_COUNTER) & 0xFF)) if self.root else None
         scratch = None
         if level != "bwrap":
-            scratch = tempfile.mkdtemp(prefix="esopt_sbx_")  # 0700
-            if uid is not None:
-                os.chown(scratch, uid, uid)
-            for name, host in files.items():  # a link to the input; Landlock lets the code only read its directory
-                os.symlink(host, os.path.join(scratch, name))
+            try:  # the host's side (a full /tmp): the infrastructure's failure, not the code's
+                scratch = tempfile.mkdtemp(prefix="esopt_sbx_")  # 0700
+                if uid is not None:
+                    os.chown(scratch, uid, uid)
+                for name, host in files.items():  # a link to the input; Landlock lets the code only read its dir
+                    os.symlink(host, os.path.join(scratch, name))
+            except OSError as e:
+                _rm(scratch)
+                return None, f"could not prepare the sandbox's scratch directory: {e}"
         cwd = "/tmp" if level == "bwrap" else scratch
         plan = {"rlimits": {"RLIMIT_CPU": lim.cpu_s, "RLIMIT_AS": lim.memory_mb << 20, "RLIMIT_CORE": 0,
                             "RLIMIT_FSIZE": lim.fsize_mb << 20, "RLIMIT_NOFILE": lim.nofile},

@@ -5,10 +5,12 @@ ends, fails or the process exits. Each reply is parsed into one BrowserGym
 high-level action (:mod:`.actions`); an unparseable reply costs a turn and
 returns the parse feedback with the unchanged page. The reward is BrowserGym's
 (the WebArena evaluators for WebArena tasks), given when the task says done.
-Browser faults (a site that stops answering, a step past its time limit, a
-browser that died) raise :class:`~esopt_mp.envs.base.InfraError`s, and the
-agent loop leaves the episode out of the member's mean; the episode's own wall
-clock (``episode_timeout_s``) is the model's: it scores 0. A site that
+Browser faults (a site that stops answering, a browser that died) raise
+:class:`~esopt_mp.envs.base.InfraError`s, and the agent loop leaves the
+episode out of the member's mean. A step past its time limit is a fault only
+if a task's site then fails its probe; with the sites answering it is the
+model's (an action that hangs), as is the episode's own wall clock
+(``episode_timeout_s``): those score 0. A site that
 stops answering mid-episode shows up as a network error of an action or a
 Chromium error page; the task's sites are then probed, and one that does not
 answer is a fault (:class:`SiteDown`), not feedback to the model.
@@ -50,7 +52,11 @@ class SiteDown(InfraError):
 
 
 class BrowserFault(InfraError):
-    """The episode's browser died, or did not answer within a step's time limit."""
+    """The episode's browser died, or did not open within ``env.web.reset_timeout_s``."""
+
+
+class StepTimeout(BrowserFault):
+    """The browser did not answer within a time limit (its processes were killed)."""
 
 
 def close_all() -> int:
@@ -156,7 +162,7 @@ class WebArenaLiteEnv:
             _LIVE.discard(self)
             n = w.kill()
             why = f"browser did not answer within env.web.{key}={limit:g} s; killed its {n} processes"
-            raise (TimeoutError if key == "episode_timeout_s" else BrowserFault)(why) from None
+            raise (TimeoutError if key == "episode_timeout_s" else StepTimeout)(why) from None
 
     def close(self) -> int:
         """Close this episode's browser (idempotent) and hand its thread back; 1 if a browser was open."""
@@ -217,6 +223,8 @@ class WebArenaLiteEnv:
             key = "step_timeout_s" if limit == t + self.cfg.step_timeout_s else "episode_timeout_s"
             try:
                 obs, reward, term, trunc, info = self._call(key, limit, self.gym.step, action)
+            except StepTimeout as e:
+                self._blame_timeout(str(e))
             except (TimeoutError, InfraError):
                 raise
             except Exception as e:  # a checked action's own errors come back as last_action_error, not raised
@@ -224,8 +232,8 @@ class WebArenaLiteEnv:
             step_s, total = time.perf_counter() - t, time.perf_counter() - self.t0
             self._check_sites(obs)
             if step_s > self.cfg.step_timeout_s:
-                raise BrowserFault(f"browser step took {step_s:.1f} s > "
-                                   f"env.web.step_timeout_s={self.cfg.step_timeout_s:g}")
+                self._blame_timeout(f"browser step took {step_s:.1f} s > "
+                                    f"env.web.step_timeout_s={self.cfg.step_timeout_s:g}")
             if total > self.cfg.episode_timeout_s:
                 raise TimeoutError(f"episode ran {total:.1f} s > env.web.episode_timeout_s={self.cfg.episode_timeout_s:g}")
         except BaseException:
@@ -240,6 +248,13 @@ class WebArenaLiteEnv:
         text = render(obs, self._tree(obs), self.cfg.obs_tokens, self.goal)
         return [{"role": "user", "content": text}], float(reward), False, False, meta
 
+    def _blame_timeout(self, why: str) -> None:
+        """A step past ``env.web.step_timeout_s`` is the infrastructure's only if a task's site is down
+        (:class:`SiteDown`); with every site answering, the action is the model's (a ``goto`` to an address that
+        never replies, a page it made hang): :class:`TimeoutError`, scored as its failure, never a free pass."""
+        self._probe_sites()
+        raise TimeoutError(f"{why}; the task's sites answer, so the action is the model's")
+
     def _check_sites(self, obs: dict) -> None:
         """After a network error, a Chromium error page or a page load answered with HTTP 5xx: raise
         :class:`SiteDown` if a task's site is down (fails its probe or answers it with 5xx)."""
@@ -248,9 +263,13 @@ class WebArenaLiteEnv:
         self._http_5xx.clear()
         if not (error_page or http_5xx or "net::ERR_" in (obs.get("last_action_error") or "")):
             return  # the model's own bad URL also lands here: only a site of the task that fails a probe is a fault
+        self._probe_sites()
+
+    def _probe_sites(self) -> None:
+        """:class:`SiteDown` if a site of the task fails its probe or answers it with HTTP 5xx."""
         for site, url in _site_urls(self.task).items():
             try:
-                urllib.request.urlopen(url, timeout=min(10.0, self.cfg.step_timeout_s)).close()
+                urllib.request.urlopen(url, timeout=self.cfg.preflight_timeout_s).close()
             except urllib.error.HTTPError as e:
                 if e.code >= 500:
                     raise SiteDown(f"site {site} ({url}) answers HTTP {e.code}") from None

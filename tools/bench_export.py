@@ -7,7 +7,8 @@ ES's updates do: the weights become private memory, not mmap'd file pages
 that merely get faulted in by reading), resets its RSS high-water mark
 (``/proc/self/clear_refs``), exports, and reads the high-water mark back
 (``VmHWM``): ``peak_extra`` is what the export added over the resident size
-before it. Prints one JSON object.
+before it. Beside it, counted: ``gathered_unwritten_max_bytes``, the most bytes the
+writer's tp gathers held before a file was written. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -45,15 +46,36 @@ def export_memory_worker(rank: int, world: int, path: str, out_dir: str, shard_f
             (t.to_local() if hasattr(t, "to_local") else t).add_(0.0)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # global sizes, tied once
     shard = max(1, int(model_bytes * shard_fraction))
+    # counted, beside the measured RSS: bytes the tp gathers produced since the last file was written (the writer
+    # keeps them until its save_file; gathering the whole model first would show here as the model's size)
+    from torch.distributed.tensor import DTensor
+
+    gathered, full_tensor, save_file = [0, 0, False], DTensor.full_tensor, safetensors.torch.save_file
+
+    def counted_full_tensor(self, *a, **k):
+        t = full_tensor(self, *a, **k)
+        gathered[0] += t.numel() * t.element_size()
+        gathered[1] = max(gathered[1], gathered[0])
+        return t
+
+    def counted_save_file(*a, **k):
+        gathered[0], gathered[2] = 0, True
+        return save_file(*a, **k)
+
+    DTensor.full_tensor, safetensors.torch.save_file = counted_full_tensor, counted_save_file
     gc.collect()
     before = _status()["VmRSS"]
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
-    export_hf(model, None, out_dir, dims, max_shard_bytes=shard)
+    try:
+        export_hf(model, None, out_dir, dims, max_shard_bytes=shard)
+    finally:
+        DTensor.full_tensor, safetensors.torch.save_file = full_tensor, save_file
     peak = _status()["VmHWM"]
     with open(f"{result}.{rank}", "w") as f:
         json.dump({"model_bytes": model_bytes, "max_shard_bytes": shard, "rss_before": before, "peak_rss": peak,
-                   "peak_extra": peak - before, "peak_extra_over_model": round((peak - before) / model_bytes, 4)}, f)
+                   "peak_extra": peak - before, "peak_extra_over_model": round((peak - before) / model_bytes, 4),
+                   "gathered_unwritten_max_bytes": gathered[1] if gathered[2] else None}, f)  # writer only
 
 
 def measure(path: str, tmp: str, tp: int, shard_fraction: float) -> dict:

@@ -17,6 +17,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -69,13 +70,16 @@ def serve(cpu_s: float) -> None:
 class _Worker:
     def __init__(self, start_timeout_s: float, cpu_s: float):
         boot = _BOOT.format(root=_ROOT, cpu_s=cpu_s)
-        self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
-        self.buf = b""
-        if self.read_line(start_timeout_s) != "ready":
-            code = self.kill()
-            raise InfraError(f"the answer checker ({sys.executable}, math-verify) did not start within "
-                             f"{start_timeout_s:g} s (exit code {code})")
+        with tempfile.TemporaryFile() as err:  # what a worker that does not start says, for the error line
+            self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, close_fds=True, start_new_session=True)
+            self.buf = b""
+            if self.read_line(start_timeout_s) != "ready":
+                code = self.kill()
+                err.seek(0)
+                tail = err.read()[-2000:].decode(errors="replace").strip().splitlines()[-1:]
+                raise InfraError(f"the answer checker ({sys.executable}, math-verify) did not start (given "
+                                 f"{start_timeout_s:g} s; exit code {code})" + (f": {tail[0]}" if tail else ""))
 
     def read_line(self, timeout_s: float) -> str | None:
         """The next line, or None when ``timeout_s`` passes or the worker's stdout closes first."""
@@ -128,6 +132,7 @@ class AnswerChecker:
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         self.unchecked = 0  # checks that got no verdict (overran timeout_s, or the checker died twice)
+        self._started = False  # a worker has started once (:meth:`ready`)
 
     def check(self, given: str, reference: str) -> bool:
         with self._slots:
@@ -152,6 +157,17 @@ class AnswerChecker:
                     return False
         return False  # pragma: no cover - the loop returns
 
+    def ready(self) -> None:
+        """Start a worker if none has started yet (:class:`InfraError` if it cannot): a checker that cannot run
+        must fail every answer alike, not only those that differ from the reference as text."""
+        with self._lock:
+            if self._started:
+                return
+        worker = _Worker(self.start_timeout_s, 2 * self.timeout_s)
+        with self._lock:
+            self._started = True
+            self._idle.append(worker)
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
@@ -174,9 +190,12 @@ def checker() -> AnswerChecker:
 
 
 def answers_match(given: str, reference: str) -> bool:
-    """Symbolic equivalence via math-verify (LaTeX and plain expressions); the same strings match at once."""
-    if given.strip() == reference.strip():
-        return True
+    """Symbolic equivalence via math-verify (LaTeX and plain expressions); the same strings match at once, once
+    the checker has shown it runs (a broken checker fails every answer, so no answer is favoured)."""
     if importlib.util.find_spec("math_verify") is None:  # pragma: no cover - dependency of the [math] extra
         raise ImportError("math_react needs math-verify: pip install 'esopt_mp[math]'")
-    return checker().check(given, reference)
+    c = checker()
+    c.ready()
+    if given.strip() == reference.strip():
+        return True
+    return c.check(given, reference)

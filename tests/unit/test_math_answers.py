@@ -1,4 +1,5 @@
 """math_react's answer check: the same verdict on a batch's env threads as on the main thread, in a bounded time."""
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,3 +64,21 @@ def test_a_worker_killed_from_outside_does_not_turn_a_verdict():
         assert checker.check("0.5", "\\frac{1}{2}") and checker.unchecked == 0
     finally:
         checker.close()
+
+
+def test_a_checker_that_cannot_start_fails_every_answer_alike(tmp_path, monkeypatch):
+    """math-verify broken in the workers' environment: an answer equal to the reference as text is not waved
+    through while every other answer is an infrastructure fault (the mean would then be over exact matches
+    only): both raise InfraError, which names the workers' own error."""
+    from esopt_mp.envs import InfraError, answers
+
+    (tmp_path / "math_verify.py").write_text('raise ImportError("math_verify shadowed for the test")\n')
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    fresh = AnswerChecker(workers=1, start_timeout_s=60)
+    monkeypatch.setattr(answers, "_checker", (os.getpid(), fresh))
+    try:
+        for given, ref in (("42", "42"), ("0.5", "\\frac{1}{2}")):
+            with pytest.raises(InfraError, match="math_verify shadowed for the test"):
+                answers.answers_match(given, ref)
+    finally:
+        fresh.close()

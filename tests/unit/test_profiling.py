@@ -78,14 +78,18 @@ def test_a_sample_is_read_wholly_before_or_after_a_mark(monkeypatch):
 
 
 def test_sampler_thread_samples_between_marks():
-    """The background thread, not the marks, produces the timeline (about one sample per interval)."""
+    """The background thread, not the marks, produces the timeline: with one mark made, samples keep coming
+    (waited for, not timed: a loaded machine may run the thread late, never not at all)."""
     s = MemorySampler(0.01, use_nvml=False, cuda=False).start()
     s.mark("wait")
-    time.sleep(0.4)
+    marked = len(s.timeline()["t"])
+    deadline = time.monotonic() + 60
+    while len(s.timeline()["t"]) < marked + 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
     s.stop()
     t = s.timeline()["t"]
-    inside = [x for x in t if 0.02 < x - t[0] < 0.38]  # away from the start/mark/stop samples
-    assert len(inside) >= 10, len(inside)  # ~36 at 10 ms; >= 10 even on a loaded 2-core machine
+    assert len(t) >= marked + 10, (marked, len(t))  # ten samples after the last mark: the thread's
+    assert t == sorted(t)
 
 
 def test_sampler_phase_recurs_and_short_phases_have_a_sample():

@@ -1,5 +1,6 @@
 """A TP peer follows exactly as many episode batches as its leader plays (webarena_lite plays
 env.web.max_browsers episodes at a time), in training steps and in held-out evaluation."""
+import collections
 import types
 
 import pytest
@@ -13,7 +14,7 @@ def _objective(cfg, leader, calls):
     o = ob.AgentObjective.__new__(ob.AgentObjective)  # no engine, no browser: the batching is what is tested
     o.cfg, o.run_seed, o.eval_round, o.traj_path, o.engine = cfg, 0, 0, None, None
     o.eval_cfg = o.train_cfg = None
-    o.context, o.trajectories = None, []
+    o.context, o.trajectories, o.failures = None, [], collections.Counter()
     o.eval_tasks = [{"id": i} for i in range(5)]
     o.train_tasks = [{"id": i} for i in range(7)]
     comm = types.SimpleNamespace(all_reduce=lambda t, op, g: t)
@@ -29,7 +30,7 @@ def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, re
         calls["run"] += 1
         calls["episodes"] += len(tasks)
         assert len(tasks) <= max_browsers
-        return [types.SimpleNamespace(ret=1.0, error=None, id="x") for _ in tasks]
+        return [types.SimpleNamespace(ret=1.0, error=None, id="x", failure=None, floor=0.0) for _ in tasks]
 
     monkeypatch.setattr(ob, "run_episodes", run)
     monkeypatch.setattr(ob, "follow_episodes", lambda *a: calls.__setitem__("follow", calls["follow"] + 1))
@@ -48,11 +49,12 @@ def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, re
 
 
 def test_failed_episodes_cost_where_failing_must_cost(monkeypatch):
-    """Skill validation compares contexts: an episode that fails (NaN) counts 0 there, not left out -- else a
-    candidate failing 3 of 4 episodes and winning one (1.0) beat a current skill scoring 0.5 on all four."""
+    """Skill validation compares contexts: an episode that fails (NaN: the infrastructure's) scores its env's failure
+    return there, not left out -- else a candidate failing 3 of 4 episodes and winning one (1.0) beat a current
+    skill scoring 0.5 on all four."""
     nan = float("nan")
     monkeypatch.setattr(ob.AgentObjective, "play", lambda self, tasks, *a, **k: [
-        types.SimpleNamespace(ret=r) for r in (1.0, nan, nan, nan)])
+        types.SimpleNamespace(ret=r, floor=-1.0, failure=None if r == r else "infra") for r in (1.0, nan, nan, nan)])
     o = _objective(EnvConfig(name="sudoku"), True, {})
     assert o._play([0] * 4, [0] * 4, None) == (1.0, 1)  # training: ES shapes over finite returns
-    assert o._play([0] * 4, [0] * 4, None, failed_as_zero=True) == (1.0, 4)
+    assert o._play([0] * 4, [0] * 4, None, failed_count=True) == (-2.0, 4)

@@ -91,5 +91,5 @@ def test_the_endpoint_request_gives_up_after_timeout_s(monkeypatch):
         said = AgentObjective.skill_hooks(obj, cfg)["proposer"]("propose", 0, 0)
     finally:
         srv.shutdown()
-    assert said.startswith("(endpoint error:") and "timed out" in said
+    assert said.startswith("(endpoint error:") and "no complete answer within prompt.skill.timeout_s" in said
     assert parse_edits(said)[1][0]["reason"] == "no ```edits block in the proposal"

@@ -129,10 +129,15 @@ def test_many_trainer_threads_do_not_starve_the_sandbox(sb):
     assert not bomb.ok
 
 
-def test_never_raises_when_the_interpreter_cannot_start(sb, monkeypatch):
+def test_an_interpreter_that_cannot_start_is_the_infrastructures(sb, monkeypatch):
+    """Not the code's failure (no result to score): SandboxStartError, an InfraError, naming the interpreter."""
+    from esopt_mp.envs import InfraError
+    from esopt_mp.envs.sandbox import SandboxStartError
+
     monkeypatch.setattr(core.sys, "executable", "/nonexistent/python3")
-    r = sb.run_python("print(1)")
-    assert not r.ok and r.error
+    with pytest.raises(SandboxStartError, match="/nonexistent/python3") as e:
+        sb.run_python("print(1)")
+    assert isinstance(e.value, InfraError)
 
 
 def test_session_reply_and_timeout(sb):
@@ -296,3 +301,29 @@ def test_code_cannot_touch_the_trainer_or_other_ranks(sb):
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_code_cannot_reach_the_trainers_keyrings(sb):
+    """A secret in the trainer's session keyring (where Kerberos and NFS keep their keys): the code gets a fresh
+    session keyring and no keyring syscalls, so it can neither find, read nor revoke the key."""
+    import ctypes
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the syscall numbers below are x86_64's")
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = libc.syscall(248, b"user", b"esopt_test_secret", b"s3cret", 6, ctypes.c_int(-3))  # add_key to @s
+    if key < 0:
+        pytest.skip(f"this kernel/container has no usable keyrings (errno {ctypes.get_errno()})")
+    try:
+        code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                "k = libc.syscall(249, b'user', b'esopt_test_secret', None, 0)\n"  # request_key
+                f"print(k, libc.syscall(250, 3, {key}))")  # keyctl(KEYCTL_REVOKE, key)
+        r = sb.run_python(code)
+        assert r.ok, (r.error, r.stderr[-300:])
+        found, revoked = r.stdout.split()
+        assert found == "-1" and revoked == "-1", r.stdout
+        buf = ctypes.create_string_buffer(16)
+        assert libc.syscall(250, 11, key, buf, 16) == 6 and buf.raw[:6] == b"s3cret"  # the trainer's key is intact
+    finally:
+        libc.syscall(250, 3, key)

@@ -31,6 +31,9 @@ SELF_ONLY = {X86: [(302, [(0, 0)]), (142, [(0, 0)]), (144, [(0, 0)]), (203, [(0,
                    (140, [(0, 0), (1, 0)]), (30, [(0, 1), (1, 0)])]}
 # System V IPC: shm{get,at,ctl}, sem{get,op,ctl,timedop}, msg{get,snd,rcv,ctl}
 SYSV = {X86: [29, 30, 31, 64, 65, 66, 220, 68, 69, 70, 71], ARM: list(range(186, 197))}
+# the kernel keyrings: add_key, request_key, keyctl (the trainer's session keyring holds Kerberos/NFS keys)
+KEYS = {X86: [248, 249, 250], ARM: [217, 218, 219]}
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
 def _fail(msg):
@@ -152,10 +155,12 @@ def _landlock(spec):
         _fail(f"Landlock ABI {abi} cannot keep signals inside the sandbox (needs 6, Linux 6.12)")
 
 
-def _seccomp():
-    """No sockets or io_uring (EACCES); nothing done to another process by pid, uid or IPC key (EPERM): no
-    resource limits, priorities, scheduling or CPU affinity but its own (pid 0; Landlock and the per-call uid do
-    not cover these, the kernel allows them for the same uid), no System V IPC; foreign syscall ABIs kill."""
+def _seccomp(full: bool = True):
+    """No kernel keyrings (EPERM: every level, the per-call uid still possesses the trainer's session keyring);
+    foreign syscall ABIs kill. ``full`` (the levels without namespaces for them): also no sockets or io_uring
+    (EACCES) and nothing done to another process by pid, uid or IPC key (EPERM): no resource limits,
+    priorities, scheduling or CPU affinity but its own (pid 0; Landlock and the per-call uid do not cover these,
+    the kernel allows them for the same uid), no System V IPC."""
     arch = ARCH.get(os.uname().machine)
     if arch is None:
         _fail(f"no seccomp filter for {os.uname().machine}")
@@ -165,9 +170,12 @@ def _seccomp():
     prog = [(ld, 0, 0, 4), (jeq, 1, 0, audit), (ret, 0, 0, kill), (ld, 0, 0, 0)]
     if x32:
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, kill)]
-    for nr, action in [(sys_socket, eacces), (SYS_IO_URING_SETUP, eacces)] + [(nr, eperm) for nr in SYSV[audit]]:
+    denied = [(nr, eperm) for nr in KEYS[audit]]
+    if full:
+        denied += [(sys_socket, eacces), (SYS_IO_URING_SETUP, eacces)] + [(nr, eperm) for nr in SYSV[audit]]
+    for nr, action in denied:
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, action)]
-    for nr, args in SELF_ONLY[audit]:  # allowed only when each (argument, value) matches: the caller itself
+    for nr, args in SELF_ONLY[audit] if full else ():  # allowed only when each (argument, value) matches: itself
         body = []
         for i, value in args:
             body += [(ld, 0, 0, 16 + 8 * i), (jeq, 0, 0, value)]  # low 32 bits (pid_t / int arguments)
@@ -204,8 +212,11 @@ def main():
         _fail(f"no_new_privs: errno {ctypes.get_errno()}")
     if PLAN.get("landlock"):
         _landlock(PLAN["landlock"])
-    if PLAN.get("seccomp"):
-        _seccomp()
+    arch = ARCH.get(os.uname().machine)
+    if arch is not None:  # a fresh anonymous session keyring first: the trainer's is no longer possessed
+        LIBC.syscall(KEYS[arch[0]][2], KEYCTL_JOIN_SESSION_KEYRING, None)
+    if PLAN.get("seccomp") or arch is not None:  # bwrap on another architecture: its namespaces only, as before
+        _seccomp(full=bool(PLAN.get("seccomp")))
     os.chdir(PLAN["cwd"])
     sys.path[:] = PLAN["path"]  # the trainer's import path (-I gave the interpreter's own only)
     sys.argv = ["main.py"]

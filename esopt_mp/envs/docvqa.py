@@ -94,6 +94,21 @@ def load_jsonl(path: str) -> list[dict]:
     return rows
 
 
+def _copy_checked(image: str, page: str, tid) -> None:
+    """Copy the image that was checked when the rows were read (rows hold resolved paths): the file opened, with no
+    link followed at the end, must still be that path, so a link or folder swapped in since names no other file."""
+    try:
+        fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ValueError(f"task {tid}: image {image} cannot be opened without following a link: {e}") from None
+    with os.fdopen(fd, "rb") as src:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        if opened != image:
+            raise ValueError(f"task {tid}: image {image} now resolves to {opened}, not the file its row named")
+        with open(page, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
 @register("docvqa")
 class DocVQAEnv:
     name = "docvqa"
@@ -125,7 +140,7 @@ class DocVQAEnv:
         page = os.path.join(self._dir, DOC)
         if os.path.exists(page):
             os.remove(page)  # the last episode's read-only copy
-        shutil.copyfile(task["image"], page)
+        _copy_checked(task["image"], page, task.get("id"))
         os.chmod(page, 0o444)
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}], {
             "id": task.get("id"), "sandbox": self.sandbox.level}

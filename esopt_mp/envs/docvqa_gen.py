@@ -111,7 +111,7 @@ def generate(n: int, out_dir: str, seed: int = 0) -> list[dict]:
         doc_rng = random.Random(f"{seed}:{i}")  # rendering choices independent of the question stream
         if not os.path.exists(path):
             _render(lines, path, doc_rng)
-        row = {"id": f"{doc}-q", "question": question, "answers": [answer], "image": path}
+        row = {"id": f"{doc}-q", "question": question, "answers": [answer], "image": os.path.realpath(path)}
         if answer.replace(".", "").isdigit() and "." in answer:
             row["answers"].append(f"${answer}")
         if isinstance(where, tuple):

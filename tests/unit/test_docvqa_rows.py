@@ -39,3 +39,30 @@ def test_a_row_naming_a_file_outside_the_folder_is_refused_naming_the_row(layout
     path = _write(data / "val.jsonl", ["documents/p1.png", image])
     with pytest.raises(ValueError, match=r"val\.jsonl: row r1: image .*(outside the dataset's folder|must be a path)"):
         load_jsonl(path)
+
+
+def test_an_image_swapped_for_a_link_after_the_rows_were_read_is_refused_at_reset(tmp_path):
+    """The row was checked when read; the file is then replaced by a link to a secret (a writable shared folder):
+    reset refuses it rather than copy the secret into the sandbox's page."""
+    from esopt_mp.envs.docvqa import _copy_checked
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "p.png").write_bytes(b"png")
+    (tmp_path / "secret").write_text("root:x")
+    image = os.path.realpath(data / "p.png")
+    _copy_checked(image, str(tmp_path / "ok.png"), "r1")
+    assert (tmp_path / "ok.png").read_bytes() == b"png"
+    os.remove(image)
+    os.symlink(tmp_path / "secret", image)
+    with pytest.raises(ValueError, match="without following a link"):
+        _copy_checked(image, str(tmp_path / "page.png"), "r1")
+    os.remove(image)
+    (data / "p.png").write_bytes(b"png")
+    os.rename(data, tmp_path / "moved")  # the folder swapped for a link to another folder holding p.png
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "p.png").write_text("root:x")
+    os.symlink(tmp_path / "other", data)
+    with pytest.raises(ValueError, match="now resolves to"):
+        _copy_checked(image, str(tmp_path / "page.png"), "r1")
+    assert not (tmp_path / "page.png").exists()

@@ -134,3 +134,43 @@ def test_probe_names_an_import_the_sandbox_cannot_make(monkeypatch):
     with pytest.raises(SandboxUnavailable, match="cannot import numpy") as e:
         Sandbox(level=levels[0])
     assert "bubblewrap" not in str(e.value)
+
+
+_LIB = "int esopt_rpath_answer(void) { return 42; }\n"
+_MOD = r'''#include <Python.h>
+int esopt_rpath_answer(void);
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(esopt_rpath_answer()); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, ""}, {0}};
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "esopt_rpath_mod", 0, -1, methods};
+PyMODINIT_FUNC PyInit_esopt_rpath_mod(void) { return PyModule_Create(&def); }
+'''
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_an_extension_finding_its_library_through_rpath_imports_in_the_sandbox(tmp_path, level):
+    """HPC module trees (Spack) link extensions to libraries in their own prefix through RPATH, outside every
+    import path: the sandbox shows the folders of the libraries the trainer has loaded."""
+    import sysconfig
+
+    why = probe(level)
+    if why:
+        pytest.skip(f"level {level} unavailable for uid {os.getuid()}: {why}")
+    include = sysconfig.get_paths()["include"]
+    if not shutil.which("gcc") or not os.path.exists(os.path.join(include, "Python.h")):
+        pytest.skip("needs gcc and Python's headers to build the extension")
+    lib, pkg = tmp_path / "prefix" / "lib", tmp_path / "pkg"
+    lib.mkdir(parents=True)
+    pkg.mkdir()
+    (tmp_path / "lib.c").write_text(_LIB)
+    (tmp_path / "mod.c").write_text(_MOD)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libesoptrp.so"), str(tmp_path / "lib.c")], check=True)
+    ext = pkg / ("esopt_rpath_mod" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{include}", "-o", str(ext), str(tmp_path / "mod.c"), f"-L{lib}",
+                    "-lesoptrp", f"-Wl,-rpath,{lib}"], check=True)
+    os.chmod(tmp_path, 0o755)  # the per-call uid (root runs) must reach the library and the extension
+    code = ("import esopt_rpath_mod\nfrom esopt_mp.envs.sandbox import Sandbox\n"
+            f"print(esopt_rpath_mod.answer(), Sandbox(level={level!r}).run_python("
+            "'import esopt_rpath_mod; print(esopt_rpath_mod.answer())').stdout.strip())")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg), os.path.dirname(os.path.dirname(esopt_mp.__file__))]))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.split() == ["42", "42"], (p.stdout, p.stderr[-1500:])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import dataclasses
 import importlib.util
 import itertools
@@ -109,7 +110,7 @@ def interpreter() -> Interpreter:
         files.append(os.path.join(os.path.dirname(files[-1]), os.readlink(files[-1])))
     shims = _shims(exe)
     ro = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", sys.base_prefix, sys.prefix, sys.exec_prefix,
-          sys.base_exec_prefix, shims, *path, *ld, *(os.path.dirname(f) for f in files if f)}
+          sys.base_exec_prefix, shims, *path, *ld, *(os.path.dirname(f) for f in files if f), *_library_dirs()}
     ro_paths, scratch = [], {"/tmp", os.path.realpath(tempfile.gettempdir())}
     for p in sorted({os.path.realpath(p) for p in ro if p and os.path.exists(p)}, key=len):
         if any(t == p or t.startswith(p.rstrip("/") + "/") for t in scratch):  # e.g. PYTHONPATH=/tmp
@@ -120,6 +121,32 @@ def interpreter() -> Interpreter:
     with _LOCK:
         _INTERPRETERS[key] = out
     return out
+
+
+def _library_dirs() -> set[str]:
+    """Where the trainer's shared libraries live beyond the usual places: the folders of those it has loaded (an
+    extension found through its RPATH, as HPC module trees build them) and the loader's configured folders."""
+    dirs = set()
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lib = parts[5].strip() if len(parts) == 6 else ""
+            if lib.startswith("/") and ".so" in os.path.basename(lib) and not lib.endswith("(deleted)"):
+                dirs.add(os.path.dirname(lib))
+    confs, seen = ["/etc/ld.so.conf"], set()
+    while confs:
+        conf = confs.pop()
+        if conf in seen:
+            continue
+        seen.add(conf)
+        with contextlib.suppress(OSError), open(conf) as f:
+            for line in f:
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("include "):
+                    confs += glob.glob(os.path.join(os.path.dirname(conf), line.split(None, 1)[1]))
+                elif line.startswith("/"):
+                    dirs.add(line)
+    return {d for d in dirs if not d.startswith(("/dev", "/proc", "/sys"))}
 
 
 _SHIM_DIRS: list[str] = []

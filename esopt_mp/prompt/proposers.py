@@ -3,7 +3,7 @@
 ``POST {url}/v1/chat/completions`` (``url`` may already end in ``/v1``) with the key read from the environment
 variable ``prompt.skill.key_env`` at call time, through the standard library (proxies from the environment as
 ``urllib`` reads them); nothing is contacted before the first proposal. ``timeout_s`` is a deadline for the whole
-request, connection to last byte: a socket timeout alone bounds each read, and an endpoint that trickles its answer
+request, name resolution to last byte: a socket timeout alone bounds each read, and an endpoint that trickles its answer
 would hold the rank for as long as it trickles. The request carries the proposal's seed; whether the endpoint
 honours it (and so replays) is the endpoint's affair: the ledger stores every context version, so a replay reads
 the skill rather than asking again.
@@ -102,19 +102,25 @@ class EndpointProposer:
             headers["Authorization"] = f"Bearer {self._key()}"
         req = urllib.request.Request(f"{self.base}/chat/completions", data=body, headers=headers, method="POST")
         deadline = _Deadline(self.timeout_s)
-        try:
-            with _opener(deadline).open(req, timeout=self.timeout_s) as resp:
-                raw = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            if deadline.expired:
-                raise TimeoutError(f"prompt.skill.url: no complete answer within prompt.skill.timeout_s="
-                                   f"{self.timeout_s:g} s") from e
-            raise
-        finally:
-            deadline.cancel()
-        if deadline.expired:  # an answer without a length ends where the socket was shut: cut short
+        done: dict = {}
+
+        def fetch():  # on its own thread: name resolution and a proxy's reply come before any socket to shut
+            try:
+                with _opener(deadline).open(req, timeout=self.timeout_s) as resp:
+                    done["raw"] = resp.read()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                done["error"] = e
+
+        worker = threading.Thread(target=fetch, daemon=True, name="esopt-skill-endpoint")
+        worker.start()
+        worker.join(self.timeout_s + 1.0)  # the deadline shut the sockets by then; DNS may still be waiting
+        deadline.cancel()
+        if worker.is_alive() or deadline.expired or isinstance(done.get("error"), TimeoutError):
             raise TimeoutError(f"prompt.skill.url: no complete answer within prompt.skill.timeout_s="
-                               f"{self.timeout_s:g} s")
+                               f"{self.timeout_s:g} s") from done.get("error")
+        if "error" in done:
+            raise done["error"]
+        raw = done["raw"]
         data = json.loads(raw.decode())
         try:
             return data["choices"][0]["message"]["content"] or ""

@@ -48,3 +48,23 @@ def test_a_trickling_endpoint_fails_the_request_at_its_deadline(phase):
     assert GAP_S * len(trickled) > 20  # the trickle alone would take this long
     assert seconds < timeout + 5.0  # the deadline plus a generous margin, far from the trickle's end
     assert len(sent) < len(trickled)  # the client hung up mid-trickle
+
+
+def test_a_resolver_that_never_answers_is_inside_the_deadline(monkeypatch):
+    """Name resolution comes before any socket the deadline can shut: a dead nameserver (its getaddrinfo held
+    until the test releases it) still ends the request at the deadline, not when the resolver gives up."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def stuck(host, *a, **k):
+        release.wait(120)
+        return real("127.0.0.1", *a, **k)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    p = EndpointProposer("http://skill.invalid:9/v1", "m", key_env="", timeout_s=1.0)
+    try:
+        with pytest.raises(TimeoutError, match=r"prompt\.skill\.timeout_s=1 s"):
+            p("propose", 1)
+        assert not release.is_set()  # it returned while the resolver was still waiting: the deadline ended it
+    finally:
+        release.set()

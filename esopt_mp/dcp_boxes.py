@@ -145,6 +145,9 @@ def metadata_to_json(md: Metadata) -> dict:
     return {"format": JSON_FORMAT, "dcp_version": md.version, "tensors": tensors}
 
 
+MAX_CHUNKS = 4096  # boxes of one tensor in a checkpoint: tp x vLLM-style split boxes stay far below
+
+
 def _ints(v, n: int | None, what: str) -> list[int]:
     if not isinstance(v, list) or (n is not None and len(v) != n) or \
             not all(type(x) is int and x >= 0 for x in v):  # noqa: E721 (bool is not a size)
@@ -168,6 +171,8 @@ def metadata_from_json(obj, where: str) -> Metadata:
         if not isinstance(t, dict) or t.get("dtype") not in DTYPES or not isinstance(t.get("chunks"), list) \
                 or not t["chunks"]:
             raise ValueError(f"{what}: needs a dtype among {sorted(DTYPES)} and a non-empty chunk list")
+        if len(t["chunks"]) > MAX_CHUNKS:  # the pairwise disjointness check below must stay cheap
+            raise ValueError(f"{what}: {len(t['chunks'])} chunks, more than any layout writes ({MAX_CHUNKS})")
         size = _ints(t.get("size"), None, f"{what} size")
         boxes = []
         for i, c in enumerate(t["chunks"]):

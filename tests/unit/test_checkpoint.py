@@ -532,3 +532,15 @@ def test_overlapping_chunks_are_refused():
         metadata_from_json(desc, "x")
     desc["tensors"]["w"]["chunks"][1]["offsets"] = [2, 0]
     assert metadata_from_json(desc, "x").state_dict_metadata["w"].size == torch.Size([4, 2])
+
+
+def test_a_description_with_more_chunks_than_any_layout_writes_is_refused_at_once():
+    """A tampered chunks.json with 100,000 one-element chunks: refused by count, before the pairwise check (which
+    would take hours on it)."""
+    from esopt_mp.dcp_boxes import MAX_CHUNKS, metadata_from_json
+
+    n = 100_000
+    chunks = [{"offsets": [i], "sizes": [1], "file": "__0_0.distcp", "offset": 4 * i, "length": 4} for i in range(n)]
+    desc = {"format": 1, "tensors": {"w": {"dtype": "float32", "size": [n], "chunks": chunks}}}
+    with pytest.raises(ValueError, match=f"100000 chunks, more than any layout writes \\({MAX_CHUNKS}\\)"):
+        metadata_from_json(desc, "x")

@@ -80,10 +80,12 @@ def _with_mode(prob, mode: str):
     return other
 
 
-def table(seeds=(0, 1, 2, 3, 4), first: int | None = None, bpp_modes=("sample",)) -> list[Row]:
-    """Every recorded figure of the manifest beside ours."""
+def table(seeds=(0, 1, 2, 3, 4), first: int | None = None, bpp_modes=("sample",), problems=None) -> list[Row]:
+    """Every recorded figure of the manifest (of ``problems``, default all) beside ours."""
     rows = []
     for problem, entry in manifest()["programs"].items():
+        if problems is not None and problem not in problems:
+            continue
         for rec in entry["recorded"]:
             modes = bpp_modes if problem == "bpp_offline_aco" else (None,)
             for mode in modes:

@@ -142,6 +142,13 @@ def bpp_heuristic(heu: np.ndarray) -> np.ndarray:
     return np.maximum(heu / heu.max(), 1e-6)
 
 
+def _packings(k: int, n: int, capacity: int):
+    """``k`` empty packings of ``n`` items, built side by side: (items left, the open bin's vacancy, the sum of
+    its items' heuristic rows, its item count, each item's bin, bins opened)."""
+    return (np.ones((k, n), dtype=bool), np.full(k, float(capacity)), np.zeros((k, n)), np.zeros(k, dtype=np.int64),
+            np.full((k, n), -1, dtype=np.int64), np.ones(k, dtype=np.int64))
+
+
 def bpp_sample(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.random.Generator,
                n_samples: int = 200) -> tuple[int, np.ndarray]:
     """(fewest bins, the bin of every item in that packing) over ``n_samples`` packings built from the heuristic
@@ -151,12 +158,7 @@ def bpp_sample(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.rando
     """
     n, heu = len(demand), bpp_heuristic(heu)
     rows = np.arange(n_samples)
-    left = np.ones((n_samples, n), dtype=bool)
-    vacancy = np.full(n_samples, float(capacity))
-    row_sum = np.zeros((n_samples, n))
-    count = np.zeros(n_samples, dtype=np.int64)
-    bin_of = np.full((n_samples, n), -1, dtype=np.int64)
-    n_bins = np.ones(n_samples, dtype=np.int64)
+    left, vacancy, row_sum, count, bin_of, n_bins = _packings(n_samples, n, capacity)
     for _ in range(n):
         fits = left & (demand[None, :] <= vacancy[:, None])
         full = ~fits.any(1)
@@ -189,12 +191,7 @@ def bpp(demand: np.ndarray, capacity: int, heu: np.ndarray, rng: np.random.Gener
     best, best_bins = n + 1, None
     for _ in range(n_iterations):
         attract = pher ** alpha * heu ** beta
-        left = np.ones((n_ants, n), dtype=bool)
-        vacancy = np.full(n_ants, float(capacity))
-        row_sum = np.zeros((n_ants, n))
-        count = np.zeros(n_ants, dtype=np.int64)
-        bin_of = np.full((n_ants, n), -1, dtype=np.int64)
-        n_bins = np.ones(n_ants, dtype=np.int64)
+        left, vacancy, row_sum, count, bin_of, n_bins = _packings(n_ants, n, capacity)
         fills = [[] for _ in range(n_ants)]
         for _ in range(n):
             fits = left & (demand[None, :] <= vacancy[:, None])

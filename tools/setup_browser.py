@@ -59,8 +59,11 @@ def _see_parent_env(python: str) -> None:
 
     if sys.prefix == sys.base_prefix:
         return
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    q = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                       capture_output=True, text=True)
+    site = q.stdout.strip()
+    if q.returncode or not os.path.isdir(site):  # not a working venv: the install steps below say what is wrong
+        return
     with open(os.path.join(site, "_esopt_parent_env.pth"), "w") as f:
         f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
 

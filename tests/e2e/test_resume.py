@@ -113,7 +113,7 @@ def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
     assert all(torch.equal(a[k], c[k]) for k in a) and not marker.exists()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["bfloat16"])  # float32 subtract: test_subtract_restore_at_dp2_... (CI time)
 def test_subtract_restore_resume_and_replay_are_bit_exact(tmp_path, dtype):
     """es.restore=subtract leaves each member's perturb/restore rounding in the weights. SIGKILL + rerun (the
     checkpoint of step 2 + the ledger's step 3) and tools/replay.py (base + the whole ledger) re-apply them: the

@@ -43,14 +43,14 @@ MAX_CALLS = 4  # tool calls run per reply (the rest are answered "not run"): a t
 MAX_DEPTH = 16  # nesting an argument may have: deeper JSON is refused (copying or logging it would recurse)
 
 
-def _clean(v):
-    """``v`` with every string in it made valid text (called on values of bounded depth)."""
+def clean_value(v):
+    """``v`` with every string in it (lists and objects included) made valid text; for values of bounded depth."""
     if isinstance(v, str):
         return clean_text(v)
     if isinstance(v, list):
-        return [_clean(x) for x in v]
+        return [clean_value(x) for x in v]
     if isinstance(v, dict):
-        return {clean_text(str(k)): _clean(x) for k, x in v.items()}
+        return {clean_text(str(k)): clean_value(x) for k, x in v.items()}
     return v
 
 
@@ -95,7 +95,7 @@ class HermesJSONParser:
                     raise TypeError("'name' must be a string and 'arguments' an object")
                 if _depth(args) > MAX_DEPTH:
                     raise RecursionError
-                calls.append(ToolCall(clean_text(obj["name"]), {clean_text(k): _clean(v) for k, v in args.items()}))
+                calls.append(ToolCall(clean_text(obj["name"]), clean_value(args)))
             except (KeyError, TypeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
                 reason = "nested too deeply" if isinstance(e, RecursionError) else clean_text(str(e))[:200]
                 calls.append(ToolCall("", {}, error=f"malformed JSON tool call: {reason}"))

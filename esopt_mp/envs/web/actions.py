@@ -12,7 +12,7 @@ import math
 import re
 import urllib.parse
 
-from esopt_mp.envs.toolcalls import clean_text
+from esopt_mp.envs.toolcalls import clean_value
 
 # name -> (kinds of the required positional arguments, kinds of optional ones); "s" str, "n" number, "i" int,
 # "l" str or list of str
@@ -55,13 +55,6 @@ def _kind_ok(kind: str, v) -> bool:
     return isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(x, str) for x in v))
 
 
-def _text(v):
-    """Strings in ``v`` as valid text: a ``"\\ud800"`` escape would reach the page, and the next observation."""
-    if isinstance(v, str):
-        return clean_text(v)
-    return [_text(x) for x in v] if isinstance(v, list) else v
-
-
 def _parse_call(src: str) -> str:
     """A canonical action string from one call expression; ActionError says what is wrong with it."""
     node = ast.parse(src.strip(), mode="eval").body
@@ -71,7 +64,7 @@ def _parse_call(src: str) -> str:
     if node.keywords:
         raise ActionError(f"{name}: pass arguments by position, without names")
     try:
-        args = [_text(ast.literal_eval(a)) for a in node.args]
+        args = [clean_value(ast.literal_eval(a)) for a in node.args]  # a \\ud800 escape reaches the page
     except ValueError:
         raise ActionError(f"{name}: arguments must be literal strings or numbers") from None
     need, opt = SIGNATURES[name]

@@ -7,6 +7,7 @@ in a fresh venv. CI reruns this file as an unprivileged user (``.ci/nonroot-sand
 import dataclasses
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -146,8 +147,20 @@ PyMODINIT_FUNC PyInit_esopt_rpath_mod(void) { return PyModule_Create(&def); }
 '''
 
 
+@pytest.fixture
+def open_tmp():
+    """A scratch folder the per-call uid of root runs can reach: pytest's own tmp_path sits under a 0700
+    /tmp/pytest-of-<user>."""
+    root = tempfile.mkdtemp(prefix="esopt_rpath_test_")
+    os.chmod(root, 0o755)
+    try:
+        yield pathlib.Path(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.parametrize("level", LEVELS)
-def test_an_extension_finding_its_library_through_rpath_imports_in_the_sandbox(tmp_path, level):
+def test_an_extension_finding_its_library_through_rpath_imports_in_the_sandbox(open_tmp, level):
     """HPC module trees (Spack) link extensions to libraries in their own prefix through RPATH, outside every
     import path: the sandbox shows the folders of the libraries the trainer has loaded."""
     import sysconfig
@@ -158,16 +171,16 @@ def test_an_extension_finding_its_library_through_rpath_imports_in_the_sandbox(t
     include = sysconfig.get_paths()["include"]
     if not shutil.which("gcc") or not os.path.exists(os.path.join(include, "Python.h")):
         pytest.skip("needs gcc and Python's headers to build the extension")
-    lib, pkg = tmp_path / "prefix" / "lib", tmp_path / "pkg"
+    lib, pkg = open_tmp / "prefix" / "lib", open_tmp / "pkg"
     lib.mkdir(parents=True)
     pkg.mkdir()
-    (tmp_path / "lib.c").write_text(_LIB)
-    (tmp_path / "mod.c").write_text(_MOD)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libesoptrp.so"), str(tmp_path / "lib.c")], check=True)
+    (open_tmp / "lib.c").write_text(_LIB)
+    (open_tmp / "mod.c").write_text(_MOD)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libesoptrp.so"), str(open_tmp / "lib.c")], check=True)
     ext = pkg / ("esopt_rpath_mod" + sysconfig.get_config_var("EXT_SUFFIX"))
-    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{include}", "-o", str(ext), str(tmp_path / "mod.c"), f"-L{lib}",
+    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{include}", "-o", str(ext), str(open_tmp / "mod.c"), f"-L{lib}",
                     "-lesoptrp", f"-Wl,-rpath,{lib}"], check=True)
-    os.chmod(tmp_path, 0o755)  # the per-call uid (root runs) must reach the library and the extension
+    subprocess.run(["chmod", "-R", "o+rX", str(open_tmp)], check=True)  # the per-call uid of root runs
     code = ("import esopt_rpath_mod\nfrom esopt_mp.envs.sandbox import Sandbox\n"
             f"print(esopt_rpath_mod.answer(), Sandbox(level={level!r}).run_python("
             "'import esopt_rpath_mod; print(esopt_rpath_mod.answer())').stdout.strip())")

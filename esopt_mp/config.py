@@ -19,9 +19,8 @@ from typing import Any
 from esopt_mp.es.perturber import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS
 from esopt_mp.es.shaping import SHAPINGS
-from esopt_mp.envs.docvqa_config import DocVQAConfig
+from esopt_mp.envs.registry import DEFAULT_ENV
 from esopt_mp.envs.sandbox.config import SandboxConfig
-from esopt_mp.envs.web.config import WebConfig
 from esopt_mp.prompt.config import PromptConfig
 
 
@@ -175,16 +174,17 @@ class EngineConfig:
 
 @dataclasses.dataclass
 class EnvConfig:
-    name: str = "sudoku"
+    """The ``env`` section: what every environment shares (turn and token budgets, task counts and files, the
+    sandbox floor), plus one section per environment, ``env.<name>.*``, typed by that environment's own
+    dataclass (:mod:`esopt_mp.envs.registry`). Only the section of ``name`` is built and validated; the
+    environment module is imported when it is named, not before."""
+
+    name: str = DEFAULT_ENV  # the embedded default's environment
     max_turns: int = 45
     max_episode_tokens: int = 0  # prompt + generated tokens per trajectory, all turns (0: no budget)
     episode_timeout_s: float = 600.0  # an episode's wall clock from reset, the batch's generation included
     env_workers: int = 0  # threads for a batch's concurrent env calls (0: cores, at least 8, at most 64)
-    size: int = 4  # sudoku board size (4 or 9)
-    mask_count: int = 4  # sudoku H*
-    show_original: bool = True  # sudoku: show the original puzzle above the current board
-    hints: bool = False  # sudoku: list candidates per empty cell (a CPU-demo aid, not the paper's prompt)
-    train_path: str | None = None  # JSONL tasks ("data:rel" = shipped data, esopt_mp.data); None generates them
+    train_path: str | None = None  # JSONL tasks ("data:rel" = shipped data, esopt_mp.data); None: the env's source
     eval_path: str | None = None
     n_train: int = 64
     n_eval: int = 32
@@ -192,34 +192,83 @@ class EnvConfig:
     eval_repeats: int = 1
     eval_temperature: float = 0.0
     task_seed: int = 0
-    problem: str = "bpp_online"  # heuristic: the design problem (esopt_mp.envs.ahd.known())
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)  # code-running envs' isolation floor
-    web: WebConfig = dataclasses.field(default_factory=WebConfig)  # webarena_lite: browser, budgets, task set
-    docvqa: DocVQAConfig = dataclasses.field(default_factory=DocVQAConfig)  # docvqa: tesseract, generated documents
+    sections: dict = dataclasses.field(default_factory=dict)  # env name -> its section (a mapping until built)
+
+    @classmethod
+    def from_mapping(cls, data: dict, prefix: str = "env") -> "EnvConfig":
+        """Generic keys typed as usual; every other key must be an environment's section (a mapping)."""
+        from esopt_mp.envs.registry import moved
+
+        own = {f.name for f in dataclasses.fields(cls)} - {"sections"}
+        generic, sections = {}, {}
+        for k, v in data.items():
+            if k in own:
+                generic[k] = v
+            elif moved(k):
+                raise ConfigError(f"{prefix}.{k} is now {moved(k)}" + (".*" if isinstance(v, dict) else "")
+                                  + " (each environment's settings live in its own section)")
+            elif isinstance(v, dict):
+                sections[k] = dict(v)
+            else:
+                raise ConfigError(f"unknown config key '{prefix}.{k}'; known keys here: {sorted(own)}, or an "
+                                  f"environment's own section {prefix}.<name>.*")
+        cfg = from_dict(cls, generic, prefix, _plain=True)
+        cfg.sections = sections
+        return cfg
+
+    @property
+    def spec(self):
+        """The named environment's :class:`~esopt_mp.envs.registry.EnvSpec` (imports it once)."""
+        from esopt_mp.envs.registry import load_spec
+
+        return load_spec(self.name)
+
+    @property
+    def section(self):
+        """The named environment's own section, built from ``env.<name>.*`` over its defaults."""
+        from esopt_mp.envs.registry import build_section
+
+        s = self.sections.get(self.name)
+        if not dataclasses.is_dataclass(s):
+            s = self.sections[self.name] = build_section(self.spec, s, f"env.{self.name}")
+        return s
+
+    def __getattr__(self, name: str):
+        """``cfg.env.<name>``: the named environment's section (``cfg.env.sudoku.size``)."""
+        if name.startswith("_") or name != self.__dict__.get("name"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (an environment's section is "
+                                 f"reachable as env.<env.name>, here env.{self.__dict__.get('name')})")
+        return self.section
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sections"}
+        d["sandbox"] = dataclasses.asdict(self.sandbox)
+        for k, v in self.sections.items():
+            d[k] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+        return d
 
     def validate(self, key: str = "env") -> None:
-        from esopt_mp.envs import registered
+        from esopt_mp.envs.registry import EnvNotFound
 
         try:
             self.sandbox.validate(f"{key}.sandbox")
-            self.web.validate(f"{key}.web")
-            if self.name == "docvqa":
-                self.docvqa.validate(f"{key}.docvqa")
         except ValueError as e:
             raise ConfigError(str(e)) from None
-
-        _check(self.name in registered(), f"{key}.name", f"unknown environment {self.name!r}; known: {registered()}")
-        from esopt_mp.envs.ahd import known
-
-        _check(self.problem in known(), f"{key}.problem", f"unknown heuristic-design problem {self.problem!r}; known: {known()}")
+        try:
+            spec, section = self.spec, self.section
+            spec.validate(section, self, f"{key}.{self.name}")
+        except EnvNotFound as e:
+            raise ConfigError(f"{key}.name: {e}") from None
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         for k in ("max_turns", "n_train", "n_eval", "episodes_per_step", "eval_repeats"):
             _check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
         _check(self.max_episode_tokens >= 0, f"{key}.max_episode_tokens",
                f"must be >= 0 (0 = no budget), got {self.max_episode_tokens}")
         _check(self.episode_timeout_s > 0, f"{key}.episode_timeout_s", f"must be > 0, got {self.episode_timeout_s}")
-        _check(self.name != "webarena_lite" or self.episode_timeout_s >= self.web.episode_timeout_s,
-               f"{key}.episode_timeout_s", f"{self.episode_timeout_s} s (the loop's clock, generation included) is "
-               f"below env.web.episode_timeout_s={self.web.episode_timeout_s} s (the browser's): raise it")
         _check(self.eval_repeats == 1 or self.eval_temperature > 0, f"{key}.eval_repeats",
                f"{self.eval_repeats} samples per question with {key}.eval_temperature=0 are {self.eval_repeats} "
                f"identical greedy samples; set {key}.eval_temperature > 0 or {key}.eval_repeats=1")
@@ -234,10 +283,31 @@ class EnvConfig:
         for k in ("train_path", "eval_path"):
             p = getattr(self, k)
             try:
-                path = resolve(p)  # "data:sudoku/train.jsonl": shipped data, or under $ESOPT_DATA
+                path = resolve(p)  # "data:<rel>": shipped data, or under $ESOPT_DATA
             except (FileNotFoundError, ValueError) as e:
                 raise ConfigError(f"{key}.{k}: {e}") from None
             _check(path is None or os.path.exists(path), f"{key}.{k}", f"no such file: {path}")
+
+
+def open_sections(overrides: list[str]) -> list[str]:
+    """Hydra overrides with ``env.<name>.<key>=v`` made ``++env.<name>.<key>=v``: an environment's section need
+    not exist in the composed tree (a plugin's never does; Hydra's tree is struct). An old spelling of a key that
+    moved into a section fails here, with the new one."""
+    from esopt_mp.envs.registry import moved
+
+    own = {f.name for f in dataclasses.fields(EnvConfig)} - {"sections"}
+    out = []
+    for arg in overrides:
+        key, eq, _ = arg.partition("=")
+        parts = key.split(".")
+        if eq and parts[0] == "env" and len(parts) >= 2 and parts[1] not in own:
+            if moved(parts[1]):
+                raise ConfigError(f"{key} is now {moved(parts[1])}" + (f".{'.'.join(parts[2:])}" if len(parts) > 2
+                                  else "") + " (each environment's settings live in its own section)")
+            if len(parts) >= 3:
+                arg = "++" + arg
+        out.append(arg)
+    return out
 
 
 @dataclasses.dataclass
@@ -367,9 +437,9 @@ class TrainConfig:
             _check(self.objective.name == "agent", "prompt.optimiser",
                    f"skill edits the system prompt of agent episodes: needs objective=agent, got {self.objective.name!r}")
         elif self.prompt.optimiser != "none":
-            _check(self.objective.name == "agent" and self.env.name == "heuristic", "prompt.optimiser",
-                   f"{self.prompt.optimiser} searches heuristics: needs objective=agent and env.name=heuristic, got "
-                   f"{self.objective.name!r} / {self.env.name!r}")
+            _check(self.objective.name == "agent" and self.env.spec.program_search, "prompt.optimiser",
+                   f"{self.prompt.optimiser} searches programs: needs objective=agent and an environment whose "
+                   f"episodes write one program to score, got {self.objective.name!r} / {self.env.name!r}")
         if self.prompt.optimiser != "none":
             _check(self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
                    "context optimisers run beside ES (algo=es) with engine=hf for now")
@@ -389,7 +459,9 @@ class TrainConfig:
         return self
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "env"}
+        d["env"] = self.env.to_dict()
+        return d
 
     def hash(self, model_dir: str | None = None) -> str:
         """Hash of what determines the weights (:meth:`identity_fields`); a requeue may change anything else."""
@@ -418,7 +490,8 @@ class TrainConfig:
         ``model_dir``, the resolved model directory, else of ``model.path``;
         ``model.tiny`` when the tiny model is built), ``objective.*``, the
         training tasks by content (SHA-256 of ``env.train_path``, or the
-        generator settings ``n_train``/``task_seed``/``size``/``mask_count``),
+        generator settings ``n_train``/``task_seed``), the named environment's section as its spec hashes it
+        (``EnvSpec.identity``; not the sections of other environments),
         every other ``env.*`` setting that shapes training returns (``max_episode_tokens`` when set: 0 keeps the
         hash of runs from before it),
         ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
@@ -455,20 +528,13 @@ class TrainConfig:
             d["prompt"].pop("skill")
         else:  # which variable holds the key and how long a request may take, not what the endpoint answers
             d["prompt"]["skill"].pop("key_env"), d["prompt"]["skill"].pop("timeout_s")
-        if d["env"]["problem"] == "bpp_online":  # the default: runs started before env.problem keep their hash
-            d["env"].pop("problem")
         if not self.env.max_episode_tokens:  # no budget: runs from before the field keep their hash
             d["env"].pop("max_episode_tokens")
         for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
             d["env"]["sandbox"].pop(k, None)
-        web = d["env"].pop("web")  # webarena_lite's section; other environments keep the hash they had without it
-        if self.env.name == "webarena_lite":  # in: the task set, budgets and judge choice; out: paths and how many
-            for k in ("chromium", "browsers_path", "nltk_data", "max_browsers", "preflight_timeout_s"):  # browsers
-                web.pop(k)
-            d["env"]["web"] = web
-        docvqa = d["env"].pop("docvqa")  # other environments keep their hash; paths are out
-        if self.env.name == "docvqa":
-            d["env"]["docvqa"] = {k: v for k, v in docvqa.items() if k not in ("tesseract", "gen_dir")}
+        for k in self.env.sections:  # the named environment's section, as that environment hashes it
+            d["env"].pop(k, None)
+        d["env"].update(self.env.spec.identity(self.env.section))
         if self.env.train_path:
             from esopt_mp.data import resolve
 
@@ -522,12 +588,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls, data: Any, prefix: str = ""):
-    """Build dataclass ``cls`` from a nested dict; unknown keys raise :class:`ConfigError`."""
+def from_dict(cls, data: Any, prefix: str = "", _plain: bool = False):
+    """Build dataclass ``cls`` from a nested dict; unknown keys raise :class:`ConfigError`. A class with a
+    ``from_mapping`` classmethod (``EnvConfig``: open to environment sections) builds itself."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    if not _plain and hasattr(cls, "from_mapping"):
+        return cls.from_mapping(data, prefix)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for k in data:

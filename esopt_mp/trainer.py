@@ -109,11 +109,7 @@ class ESTrainer:
             if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
                 hooks = self.objective.skill_hooks(cfg.prompt.skill)
             else:
-                from esopt_mp.envs import ahd
-
-                problem = ahd.get(cfg.env.problem)
-                ref = problem.reference()
-                thought = problem.reference_thought  # what the seed function does (EoH's seed thought)
+                ref, thought = cfg.env.spec.search_seed(cfg.env.section)  # the seed program and what it does
                 self.objective.fixed_task = True  # fitness compared across programs: one instance set for all
                 # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
                 fit = self.objective.score_program(ref)

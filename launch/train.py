@@ -31,6 +31,17 @@ def _check_algo_arg() -> None:
             sys.exit(2)
 
 
+def _open_env_sections() -> None:
+    """``env.<name>.<key>=v`` may add an environment's section that the composed tree lacks (a plugin's)."""
+    from esopt_mp.config import ConfigError, open_sections
+
+    try:
+        sys.argv[1:] = open_sections(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _strip_launcher_args() -> None:
     """The deepspeed launcher appends ``--local_rank=N``; Hydra accepts only overrides."""
     keep = []
@@ -94,4 +105,5 @@ def main(hcfg: DictConfig) -> None:
 if __name__ == "__main__":
     _strip_launcher_args()
     _check_algo_arg()
+    _open_env_sections()
     main()

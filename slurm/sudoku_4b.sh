@@ -21,7 +21,7 @@ export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
 set +e
 srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python launch/train.py +experiment=sudoku_4b \
-  parallel.dp=$SLURM_NTASKS parallel.tp=1 env.mask_count=${HSTAR:-5} "$@"
+  parallel.dp=$SLURM_NTASKS parallel.tp=1 env.sudoku.mask_count=${HSTAR:-5} "$@"
 rc=$?
 set -e
 if [ $rc -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi   # resumes from run.dir on restart

@@ -48,7 +48,7 @@ def run_cell(problem: str, method: str, seed: int, args, run_dir: str) -> dict:
         "es": {"population": args.population, "steps": args.steps, "seed": seed, "mirrored": False,
                "sigma": {"kind": "cosine", "start": args.sigma, "end": 0.0},  # ends at 0 on the last step
                "alpha": {"kind": "constant", "start": args.alpha, "end": args.alpha}},
-        "env": {"name": "heuristic", "problem": problem, "max_turns": args.turns, "n_train": args.episodes,
+        "env": {"name": "heuristic", "heuristic": {"problem": problem}, "max_turns": args.turns, "n_train": args.episodes,
                 "n_eval": 1, "episodes_per_step": args.episodes, "task_seed": seed},
         "engine": {"max_new_tokens": args.max_new_tokens, "temperature": 1.0},
         "prompt": {"optimiser": optimiser, "mode": mode, "population": args.eoh_size},

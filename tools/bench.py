@@ -79,10 +79,10 @@ def _embedded_default(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from esopt_mp.config import build_config
+    from esopt_mp.config import build_config, open_sections
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
-        data = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+        data = OmegaConf.to_container(compose("config", overrides=open_sections(overrides)), resolve=True)
     return build_config(data, 1)
 
 

@@ -82,7 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--browsers", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--settle", type=float, default=0.0, help="env.web.settle_s (BrowserGym's pre_observation_delay)")
+    ap.add_argument("--settle", type=float, default=0.0, help="env.webarena_lite.settle_s (BrowserGym's pre_observation_delay)")
     args = ap.parse_args()
     import logging
 

@@ -44,7 +44,7 @@ def plan(args) -> list[dict]:
             raise SystemExit(f"--horizons: H* = {h} is outside 1..15 for a 4x4 board")
         for seed in args.seeds:
             for m in args.methods:
-                common = [f"env.mask_count={h}", f"env.max_turns={2 * h}", f"env.n_eval={args.n_eval}",
+                common = [f"env.sudoku.mask_count={h}", f"env.max_turns={2 * h}", f"env.n_eval={args.n_eval}",
                           "run.eval_every=0", "run.checkpoint_every=0", "run.export=false", "run.trajectories=true",
                           f"env.task_seed={args.task_seed}"]
                 if m == "es":  # es.seed is every method's run seed (tasks, episodes, noise)

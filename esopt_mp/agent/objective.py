@@ -26,54 +26,16 @@ import torch
 
 from esopt_mp.agent.loop import (AgentConfig, build_agent_config, follow_episodes, generate_texts, run_episodes,
                                   write_trajectories)
-from esopt_mp.data import resolve
 from esopt_mp.engine.hf import HFEngine
-from esopt_mp.envs import FAILURE_KINDS, make
-from esopt_mp.envs.sandbox import Sandbox
+from esopt_mp.envs import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
 
-CODE_ENVS = ("math_react", "heuristic", "docvqa")  # environments that run model-written code
 log = logging.getLogger(__name__)
 
 
 def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
-    """(train, eval) tasks of the configured environment: from JSONL files or generated."""
-    if cfg.name == "webarena_lite":
-        from esopt_mp.envs.web.tasks import load_split
-
-        return load_split(cfg)
-    if cfg.name == "sudoku":
-        from esopt_mp.envs import sudoku as m
-
-        load = lambda p, n: m.load_jsonl(p, cfg.mask_count)[:n]  # noqa: E731
-        gen = lambda n, s: m.generate(n, cfg.mask_count, size=cfg.size, seed=s)  # noqa: E731
-    elif cfg.name == "math_react":
-        from esopt_mp.envs import math_react as m
-
-        load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
-        gen = lambda n, s: m.generate(n, seed=s)  # noqa: E731
-    elif cfg.name == "docvqa":
-        from esopt_mp.envs import docvqa as m
-        from esopt_mp.envs.docvqa_gen import generate
-
-        load = lambda p, n: m.load_jsonl(p)[:n]  # noqa: E731
-        gen = lambda n, s: generate(n, cfg.docvqa.generated_dir(), seed=s)  # noqa: E731
-    else:
-        from esopt_mp.envs import ahd
-
-        load = None  # the problem's train split for training, its val split held out (bpp_online: generated)
-        gen = lambda n, s, split="train": ahd.generate_tasks(cfg.problem, n, seed=s, split=split)  # noqa: E731
-    train_path, eval_path = resolve(cfg.train_path), resolve(cfg.eval_path)  # "data:..." -> the shipped file
-    train = load(train_path, cfg.n_train) if train_path and load else gen(cfg.n_train, cfg.task_seed)
-    held = load(eval_path, cfg.n_eval) if eval_path and load else gen(cfg.n_eval * 2, cfg.task_seed + 1,
-                                                                      **({"split": "val"} if load is None else {}))
-    key = lambda t: str(t.get("puzzle", (t.get("image"), t.get("question")) if "image" in t  # noqa: E731
-                              else t.get("question", t.get("seed"))))  # what makes a task (docvqa: page + question)
-    seen = {key(t) for t in train}
-    held = [t for t in held if key(t) not in seen][: cfg.n_eval]
-    if len(train) < cfg.episodes_per_step or not held:
-        raise ValueError(f"env: {len(train)} training and {len(held)} held-out tasks are not enough")
-    return train, held
+    """(train, eval) tasks of the configured environment (``cfg``: the ``env`` section), from its spec."""
+    return cfg.spec.splits(cfg, cfg.section)
 
 
 class AgentObjective:
@@ -82,13 +44,10 @@ class AgentObjective:
         """``engine``: a built engine (vllm); by default an hf engine on ``model``."""
         self.cfg, self.run_seed, self.dims = env_cfg, run_seed, dims
         self.engine = engine or HFEngine(model, tokenizer, prefix_reuse=engine_cfg.prefix_reuse)
-        if dims.is_tp_leader and env_cfg.name in CODE_ENVS:  # refuse a too-weak sandbox now, not at episode 1
-            Sandbox.from_config(env_cfg.sandbox)
-        if dims.is_tp_leader and env_cfg.name == "webarena_lite":  # browser stack and sites, before any rollout
-            from esopt_mp.envs.web.tasks import startup_check
-
-            startup_check(env_cfg, reset=dims.dp_rank == 0)  # env.web.full_reset: one leader resets for all
-        if env_cfg.name == "webarena_lite" and env_cfg.web.full_reset:  # nobody plays before the sites are reset
+        self.spec, self.section = env_cfg.spec, env_cfg.section
+        if dims.is_tp_leader:  # the sandbox, a browser stack, a server: refused now, not at episode 1
+            self.spec.check(self.section, env_cfg, first=dims.dp_rank == 0)
+        if self.spec.syncs_after_check(self.section):  # the first's check reset shared state: nobody plays before
             dims.comm.barrier()
         self.train_cfg = build_agent_config(env_cfg, engine_cfg.sampling())
         self.eval_cfg = build_agent_config(env_cfg, engine_cfg.sampling(env_cfg.eval_temperature))
@@ -125,7 +84,7 @@ class AgentObjective:
         if render is None and self.context is not None:
             render = self.context.render
         envs = [self._make_env(self.cfg.max_turns) for _ in tasks]
-        # environments holding a browser each play at most env.web.max_browsers episodes at a time
+        # an environment may cap the episodes played at once (one browser each, say)
         group = self._group(len(tasks))
         slots = list(range(len(tasks))) if slots is None else list(slots)
         ctx_seeds = list(seeds) if ctx_seeds is None else list(ctx_seeds)
@@ -144,13 +103,7 @@ class AgentObjective:
         if self.context is not None and tags.get("kind") == "train":
             from esopt_mp.prompt import Trajectory
 
-            extract = None
-            if self.cfg.name == "heuristic":  # the env's own extraction: the program it evaluated
-                from esopt_mp.envs.heuristic import extract_code
-                from esopt_mp.envs.toolcalls import build_parser
-
-                parser = build_parser("any")
-                extract = lambda text: extract_code(text, parser)  # noqa: E731
+            extract = self.spec.program_extractor()  # the env's own extraction: the program it evaluated
             self.trajectories += [Trajectory.from_turns(e.ret, e.turns, tags.get("member", -1), extract, k,
                                                         tags.get("step", -1)) for k, e in zip(slots, eps)]
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
@@ -164,17 +117,8 @@ class AgentObjective:
         return [counts[k] for k in FAILURE_KINDS]
 
     def _make_env(self, max_turns: int):
-        """A fresh environment of ``env.name`` with its own config section (each episode gets its own)."""
-        name, extra = self.cfg.name, {}
-        if name == "sudoku":
-            extra = {"show_original": self.cfg.show_original, "hints": self.cfg.hints}
-        elif name == "webarena_lite":
-            extra = {"web": self.cfg.web}
-        elif name == "docvqa":
-            extra = {"docvqa": self.cfg.docvqa}
-        elif name == "heuristic":
-            extra = {"problem": self.cfg.problem}
-        return make(name, max_turns=max_turns, sandbox=self.cfg.sandbox, **extra)
+        """A fresh environment of ``env.name`` built from its section (each episode gets its own)."""
+        return self.spec.build(self.section, max_turns=max_turns, sandbox=self.cfg.sandbox)
 
     def _follow(self, n: int, cfg) -> None:
         """A TP peer's side of :meth:`play` for ``n`` episodes: one follow per batch the leader plays."""
@@ -182,11 +126,12 @@ class AgentObjective:
             follow_episodes(self.engine, cfg, self.dims)
 
     def _group(self, n: int) -> int:
-        """Episodes played at once: all, or env.web.max_browsers for an environment holding a browser each."""
-        return max(1, min(n, self.cfg.web.max_browsers) if self.cfg.name == "webarena_lite" else n)
+        """Episodes played at once: all, or the environment's cap (``EnvSpec.max_concurrent``)."""
+        cap = self.spec.max_concurrent(self.section)
+        return max(1, min(n, cap) if cap else n)
 
     def step_tasks(self, step: int) -> list[dict]:
-        """The step's training tasks; with ``fixed_task`` (heuristic search) the first training task every time, so
+        """The step's training tasks; with ``fixed_task`` (program search) the first training task every time, so
         every program of the run, and the seed's, is scored on the same instances, as EoH does."""
         if getattr(self, "fixed_task", False):
             return [self.train_tasks[0]] * self.cfg.episodes_per_step
@@ -195,7 +140,7 @@ class AgentObjective:
 
     def score_program(self, code: str, step: int = 0) -> float | None:
         """Mean score of ``code`` over step ``step``'s tasks, evaluated as an episode's reply is (same environment,
-        same sandbox); None if it fails on any. No model runs: the seed heuristic's fitness, outside the budget."""
+        same sandbox); None if it fails on any. No model runs: the seed program's fitness, outside the budget."""
         scores = []
         for task in self.step_tasks(step):
             env = self._make_env(1)
@@ -230,7 +175,7 @@ class AgentObjective:
         Sample s of question q is seeded by (q, s), whichever dp group plays it and whichever evaluation this
         is: group g plays the episodes g, g + dp, ... of the question-major list. A failed episode -- the model's
         error, its wall clock, or an infrastructure fault -- scores the environment's failure return (0; a
-        heuristic problem's failure score): a failure is not an answer. It is counted in ``failed``, by kind in
+        design problem's failure score): a failure is not an answer. It is counted in ``failed``, by kind in
         ``failures``. Two all-reduces: (sum, count, above half, failures by kind) and, per question, the best
         return (Pass@k: the mean over questions of the best of k).
         """
@@ -243,7 +188,7 @@ class AgentObjective:
                             round=r)
             kinds = Counter(ep.failure for ep in eps if ep.failure)
             rets = [(e // k, ep.floor if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
-        else:  # one follow per batch of env.web.max_browsers episodes the leader plays
+        else:  # one follow per batch of the environment's cap of episodes the leader plays
             self._follow(len(mine), self.eval_cfg)
             rets, kinds = [], Counter()
         best = torch.full((n,), -math.inf, dtype=torch.float64)

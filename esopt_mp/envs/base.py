@@ -1,10 +1,12 @@
-"""Env protocol (Gymnasium-style, chat messages) and the registry.
+"""Env protocol (Gymnasium-style, chat messages) and how a batch of environments is called.
 
 ``reset(task) -> (messages, info)``: the opening messages of an episode.
 ``step(assistant_text) -> (messages, reward, terminated, truncated, info)``:
 messages to append (environment feedback, usually one user message), the
 reward (0 until the episode ends: a terminal-reward setting), and whether the
 episode ended by itself (terminated) or ran out of budget (truncated). The
+episode's return is the last step's reward, or the sum of the step rewards for an
+environment that says ``returns = "sum"`` (dense rewards). The
 agent loop enforces the turn and token budgets on top of ``max_turns``.
 
 Failures, and who they count against. ``step`` must not raise on anything the model writes: bad text is feedback.
@@ -21,10 +23,8 @@ the resets, or the steps of one turn, of a batch on a bounded number of threads.
 """
 from __future__ import annotations
 
-import inspect
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,6 +44,15 @@ def failure_return(env) -> float:
     return value
 
 
+def returns_sum(env) -> bool:
+    """Whether ``env``'s return is the sum of its step rewards (``returns = "sum"``: dense rewards) rather than
+    the last step's reward (``"last"``, the default: a terminal reward, or the env's score of the episode)."""
+    how = getattr(env, "returns", "last")
+    if how not in ("last", "sum"):
+        raise ValueError(f"{type(env).__name__}.returns must be 'last' or 'sum', got {how!r}")
+    return how == "sum"
+
+
 @runtime_checkable
 class Env(Protocol):
     name: str
@@ -54,32 +63,16 @@ class Env(Protocol):
     def step(self, assistant_text: str) -> tuple[list[Message], float, bool, bool, dict]: ...
 
 
-_REGISTRY: dict[str, Callable[..., Env]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        if name in _REGISTRY:
-            raise ValueError(f"environment {name!r} registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
 def make(name: str, sandbox=None, **kwargs) -> Env:
-    """A new environment instance by registered name.
+    """A new environment instance by name, from its factory's own keyword arguments (tools and tests; the
+    runtime builds episodes from the ``env.<name>`` section through :mod:`esopt_mp.envs.registry`).
 
     ``sandbox`` (a ``SandboxConfig`` -- the ``env.sandbox`` section -- or a ready ``Sandbox``) reaches the
     environments that run code; environments that run none (sudoku) do not take it.
     """
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown environment {name!r}; registered: {sorted(_REGISTRY)}")
-    factory = _REGISTRY[name]
-    if sandbox is not None and "sandbox" in inspect.signature(factory).parameters:
-        kwargs["sandbox"] = sandbox
-    return factory(**kwargs)
+    from esopt_mp.envs.registry import load_spec
+
+    return load_spec(name).make(sandbox=sandbox, **kwargs)
 
 
 MAX_WORKERS = 64  # sandbox per-call uids are unique among 256 live calls of a process (sandbox/core.py)
@@ -114,13 +107,8 @@ def call_envs(calls: list[tuple[Env, str, Any]], max_workers: int = 0) -> list[t
 
 
 def registered() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    """Every environment name: the built-ins and the installed plugins (nothing is imported)."""
+    from esopt_mp.envs.registry import names
 
-
-def _load_builtin() -> None:
-    import esopt_mp.envs.docvqa  # noqa: F401
-    import esopt_mp.envs.heuristic  # noqa: F401
-    import esopt_mp.envs.math_react  # noqa: F401
-    import esopt_mp.envs.sudoku  # noqa: F401
-    import esopt_mp.envs.web.env  # noqa: F401 - browsergym is imported at reset, not here
+    builtin, plugins = names()
+    return sorted(builtin + plugins)

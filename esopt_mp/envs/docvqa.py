@@ -13,6 +13,7 @@ scores 0. Tasks: JSONL ``{id, question, answers, image}`` (public DocVQA; ``ques
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ import tempfile
 import weakref
 
 from esopt_mp.envs.anls import THRESHOLD, anls, extract_final_answer, normalize
-from esopt_mp.envs.base import register
+from esopt_mp.envs.registry import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 from esopt_mp.envs.docvqa_config import DocVQAConfig, resolve_tesseract
 from esopt_mp.envs.sandbox.core import WORKSPACE
@@ -109,7 +110,6 @@ def _copy_checked(image: str, page: str, tid) -> None:
             shutil.copyfileobj(src, dst)
 
 
-@register("docvqa")
 class DocVQAEnv:
     name = "docvqa"
 
@@ -189,3 +189,33 @@ class DocVQAEnv:
             info["feedback"] = "no tool call and no final answer"
             text = "Call the bash tool, or end with a line `Final answer: <short answer>`."
         return [{"role": "user", "content": text}], 0.0, False, out_of_turns, info
+
+
+class DocVQASpec(EnvSpec):
+    """``env.docvqa``: tesseract, where generated documents go, how much of a tool's output the agent sees."""
+
+    config = DocVQAConfig
+    runs_code = True
+
+    def build(self, section, *, max_turns, sandbox=None):
+        return DocVQAEnv(max_turns, sandbox=sandbox, docvqa=section)
+
+    def make(self, sandbox=None, **kwargs):
+        return DocVQAEnv(sandbox=sandbox, **kwargs)
+
+    def tasks(self, section, split, n, seed):
+        from esopt_mp.envs.docvqa_gen import generate
+
+        return generate(n, section.generated_dir(), seed=seed)
+
+    def load(self, section, path, n):
+        return load_jsonl(path)[:n]
+
+    def task_key(self, task):
+        return str((task.get("image"), task.get("question")))  # the page and the question
+
+    def identity(self, section):  # its paths are out
+        return {"docvqa": {k: v for k, v in dataclasses.asdict(section).items() if k not in ("tesseract", "gen_dir")}}
+
+
+SPEC = DocVQASpec()

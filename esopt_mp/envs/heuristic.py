@@ -1,6 +1,6 @@
 """Automatic heuristic design: the ``heuristic`` environment, and online bin packing as in EoH.
 
-The environment plays any problem of :mod:`esopt_mp.envs.ahd` (``env.problem``); this module also holds the
+The environment plays any problem of :mod:`esopt_mp.envs.ahd` (``env.heuristic.problem``); this module also holds the
 online bin-packing evaluator, the default problem:
 
 The agent writes ``score(item, bins) -> priorities`` (numpy); an item goes to
@@ -14,6 +14,7 @@ sandbox, which only answers score queries; the packing and the gap are computed 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -21,7 +22,7 @@ import re
 import numpy as np
 
 from esopt_mp.envs.toolcalls import build_parser, clean_text
-from esopt_mp.envs.base import register
+from esopt_mp.envs.registry import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
 CAPACITY = 100
@@ -139,9 +140,8 @@ def generate(n: int, seed: int = 0, n_instances: int = 5, n_items: int = 500) ->
              "n_items": n_items} for i in range(n)]
 
 
-@register("heuristic")
 class HeuristicEnv:
-    """Heuristic design on one problem of :mod:`esopt_mp.envs.ahd` (``env.problem``; online bin packing by default).
+    """Heuristic design on one problem of :mod:`esopt_mp.envs.ahd` (``env.heuristic.problem``; online bin packing by default).
 
     The reply's last code block is evaluated in the sandbox on the task's instances; the episode's return is the
     best score of its turns (higher is better: -gap, -length, -cost, +value, +size).
@@ -155,7 +155,7 @@ class HeuristicEnv:
 
         self.max_turns = max_turns
         self.parser = build_parser(parser)
-        self.problem = ahd.get(problem)  # ValueError naming env.problem and the known problems
+        self.problem = ahd.get(problem)  # ValueError naming env.heuristic.problem and the known problems
         # a ready Sandbox, or this environment's sub-config (``env.sandbox``) applied over the problem's limits
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox.from_config(
             sandbox, limits or self.problem.limits)
@@ -164,7 +164,7 @@ class HeuristicEnv:
     def reset(self, task: dict):
         if task.get("problem", self.problem.name) != self.problem.name:
             raise ValueError(f"task {task.get('id')} is for problem {task['problem']!r}, this env plays "
-                             f"env.problem={self.problem.name!r}")
+                             f"env.heuristic.problem={self.problem.name!r}")
         self.task, self.turn, self.best = task, 0, None
         self.instances = self.problem.task_instances(task)
         prompt = f"Baseline heuristic:\n```python\n{self.problem.reference()}```\nImprove on it."
@@ -200,3 +200,69 @@ class HeuristicEnv:
 
 
 BinPackingEnv = HeuristicEnv  # the name this environment had when it played online bin packing only
+
+
+@dataclasses.dataclass
+class HeuristicConfig:
+    """``env.heuristic``: which design problem (:func:`esopt_mp.envs.ahd.known`)."""
+
+    problem: str = "bpp_online"
+
+    def validate(self, key: str = "env.heuristic") -> None:
+        from esopt_mp.envs import ahd
+
+        if self.problem not in ahd.known():
+            raise ValueError(f"{key}.problem: unknown heuristic-design problem {self.problem!r}; known: {ahd.known()}")
+
+
+class HeuristicSpec(EnvSpec):
+    """Tasks are the problem's own splits (train for training, val held out); the episodes write one program each,
+    so the program-search context optimisers (``prompt.optimiser=sample|eoh``) run on it."""
+
+    config = HeuristicConfig
+    runs_code = True
+    program_search = True
+
+    def build(self, section, *, max_turns, sandbox=None):
+        return HeuristicEnv(max_turns, sandbox=sandbox, problem=section.problem)
+
+    def make(self, sandbox=None, **kwargs):
+        return HeuristicEnv(sandbox=sandbox, **kwargs)
+
+    def tasks(self, section, split, n, seed):
+        from esopt_mp.envs import ahd
+
+        return ahd.generate_tasks(section.problem, n, seed=seed, split="train" if split == "train" else "val")
+
+    def load(self, section, path, n):
+        raise ValueError(f"env.train_path / env.eval_path: heuristic tasks are its problem's own splits "
+                         f"({section.problem}), not files: unset them")
+
+    def validate(self, section, env_cfg, key):
+        super().validate(section, env_cfg, key)
+        for k in ("train_path", "eval_path"):
+            if getattr(env_cfg, k):
+                raise ValueError(f"env.{k}: heuristic tasks are its problem's own splits ({section.problem}), not "
+                                 "files: unset it")
+
+    def task_key(self, task):
+        return str(task.get("question", task.get("seed")))
+
+    def identity(self, section):  # bpp_online, the default, keeps the hash runs had before the problem was a key
+        return {} if section.problem == "bpp_online" else {"problem": section.problem}
+
+    def program_extractor(self):
+        from esopt_mp.envs.toolcalls import build_parser
+
+        parser = build_parser("any")
+        return lambda text: extract_code(text, parser)
+
+    def search_seed(self, section) -> tuple[str, str]:
+        """The program search's seed: the problem's reference heuristic and what it does (EoH's seed thought)."""
+        from esopt_mp.envs import ahd
+
+        problem = ahd.get(section.problem)
+        return problem.reference(), problem.reference_thought
+
+
+SPEC = HeuristicSpec()

@@ -13,7 +13,7 @@ import random
 import re
 
 from esopt_mp.envs.toolcalls import MAX_CALLS, build_parser
-from esopt_mp.envs.base import register
+from esopt_mp.envs.registry import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
 SYSTEM = ("Solve the problem. You may run Python with the `python` tool: "
@@ -75,7 +75,6 @@ def load_jsonl(path: str) -> list[dict]:
     return rows
 
 
-@register("math_react")
 class MathReactEnv:
     name = "math_react"
 
@@ -126,3 +125,27 @@ class MathReactEnv:
         info["feedback"] = "no tool call and no final answer"
         msg = {"role": "user", "content": "Call the python tool or give the final answer as \\boxed{...}."}
         return [msg], 0.0, False, self.turn >= self.max_turns, info
+
+
+class MathReactSpec(EnvSpec):
+    """No section of its own: the tasks are the generator's or a JSONL file's, the tool runs in ``env.sandbox``."""
+
+    runs_code = True
+
+    def build(self, section, *, max_turns, sandbox=None):
+        return MathReactEnv(max_turns, sandbox=sandbox)
+
+    def make(self, sandbox=None, **kwargs):
+        return MathReactEnv(sandbox=sandbox, **kwargs)
+
+    def tasks(self, section, split, n, seed):
+        return generate(n, seed=seed)
+
+    def load(self, section, path, n):
+        return load_jsonl(path)[:n]
+
+    def task_key(self, task):
+        return str(task.get("question", task.get("seed")))
+
+
+SPEC = MathReactSpec()

@@ -9,12 +9,13 @@ complete valid board consistent with the givens.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 import re
 
-from esopt_mp.envs.base import register
+from esopt_mp.envs.registry import EnvSpec
 
 ACTION = re.compile(r"set\s+(-?\d+)\s+(-?\d+)\s+(-?\d+)", re.IGNORECASE)
 _DIGITS = 6  # a longer number is out of range whatever it is (and int() refuses 4300+ digits)
@@ -195,7 +196,6 @@ SYSTEM = ("You are playing Sudoku. Fill every empty cell so that each row, colum
           "exactly once. Each turn, reply with exactly one action: set <row> <col> <value> (1-indexed).")
 
 
-@register("sudoku")
 class SudokuEnv:
     name = "sudoku"
 
@@ -274,3 +274,44 @@ class SudokuEnv:
             info["solved"] = bool(reward)
             return [], reward, True, False, info
         return [{"role": "user", "content": self._observation(feedback)}], 0.0, False, truncated, info
+
+
+@dataclasses.dataclass
+class SudokuConfig:
+    """``env.sudoku``: the board and the prompt."""
+
+    size: int = 4  # 4 (2x2 boxes, the CPU demo) or 9 (the paper's)
+    mask_count: int = 4  # H*: blanks per puzzle
+    show_original: bool = True  # show the original puzzle above the current board
+    hints: bool = False  # list candidates per empty cell (a CPU-demo aid, not the paper's prompt)
+
+    def validate(self, key: str = "env.sudoku") -> None:
+        if self.size < 4 or math.isqrt(self.size) ** 2 != self.size:
+            raise ValueError(f"{key}.size: must be a square >= 4 (4, 9, ...), got {self.size}")
+        if not 1 <= self.mask_count <= self.size * self.size:
+            raise ValueError(f"{key}.mask_count: must be in [1, {self.size * self.size}], got {self.mask_count}")
+
+
+class SudokuSpec(EnvSpec):
+    config = SudokuConfig
+
+    def build(self, section, *, max_turns, sandbox=None):
+        return SudokuEnv(max_turns, show_original=section.show_original, hints=section.hints)
+
+    def make(self, sandbox=None, **kwargs):
+        return SudokuEnv(**kwargs)
+
+    def tasks(self, section, split, n, seed):
+        return generate(n, section.mask_count, size=section.size, seed=seed)
+
+    def load(self, section, path, n):
+        return load_jsonl(path, section.mask_count)[:n]
+
+    def task_key(self, task):
+        return str(task.get("puzzle"))
+
+    def identity(self, section):
+        return dataclasses.asdict(section)  # at the top of ``env``, where these keys were before sections
+
+
+SPEC = SudokuSpec()

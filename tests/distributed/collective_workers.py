@@ -61,7 +61,8 @@ def agent_cfg(dp: int, tp: int, run_dir: str, steps: int = 2, n_eval: int = 7):
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"},
         "parallel": {"dp": dp, "tp": tp, "checksum_every": 1, "timeout_s": 300},
         "es": {"population": 4, "steps": steps, "seed": 3},
-        "env": {"name": "sudoku", "max_turns": 4, "size": 4, "mask_count": 3, "show_original": False, "hints": True,
+        "env": {"name": "sudoku", "max_turns": 4,
+                "sudoku": {"size": 4, "mask_count": 3, "show_original": False, "hints": True},
                 "n_train": 8, "n_eval": n_eval, "episodes_per_step": 2},
         "engine": {"temperature": 0.0, "max_new_tokens": 10},
     }, dp * tp)

@@ -7,7 +7,7 @@ from esopt_mp.agent.loop import AgentConfig, build_agent_config
 from esopt_mp.config import build_config
 from esopt_mp.parallel import ParallelDims
 
-ENV = {"name": "sudoku", "size": 4, "mask_count": 1, "max_turns": 3, "n_train": 4, "n_eval": 4, "episodes_per_step": 1,
+ENV = {"name": "sudoku", "sudoku": {"size": 4, "mask_count": 1}, "max_turns": 3, "n_train": 4, "n_eval": 4, "episodes_per_step": 1,
        "episode_timeout_s": 37.0, "env_workers": 3, "max_episode_tokens": 500}  # none of them a default
 LOOP = [f.name for f in dataclasses.fields(AgentConfig) if f.name != "sampling"]
 

@@ -32,9 +32,9 @@ def tour_len(pts, tour):
 def test_registry_and_splits():
     assert ahd.known() == ["asp_constructive", "bpp_offline_aco", "bpp_online", "cvrp_aco", "kp_constructive",
                            "tsp_aco", "tsp_constructive"]
-    with pytest.raises(ValueError, match=r"env.problem: unknown .*'tsp'.*known: \['asp_constructive'"):
+    with pytest.raises(ValueError, match=r"env.heuristic.problem: unknown .*'tsp'.*known: \['asp_constructive'"):
         ahd.get("tsp")
-    with pytest.raises(ValueError, match="env.problem"):
+    with pytest.raises(ValueError, match="env.heuristic.problem"):
         make("heuristic", problem="vrp")
     assert ahd.get("tsp_aco").splits() == {"test": [20, 50, 100], "train": [50], "val": [20, 50, 100]}
     assert ahd.get("bpp_offline_aco").splits() == {"test": [500, 1000], "train": [500], "val": [120, 500, 1000]}
@@ -214,7 +214,7 @@ def test_env_plays_a_problem_by_config(sb):
     ref = ahd.get("tsp_constructive").reference()
     _, ret, done, _, info = env.step(f"```python\n{ref}```")
     assert done and info["error"] is None and ret == -info["length"] == info["best_score"]
-    with pytest.raises(ValueError, match="env.problem='tsp_constructive'"):
+    with pytest.raises(ValueError, match="env.heuristic.problem='tsp_constructive'"):
         env.reset(ahd.generate_tasks("kp_constructive", 1)[0])
 
 

@@ -16,7 +16,7 @@ def _returns(tmp_path, algo: dict, steps: int) -> list[float]:
     torch.manual_seed(0)
     cfg = build_config({
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"}, "es": {"steps": steps},
-        "env": {"name": "sudoku", "size": 4, "mask_count": 1, "max_turns": 2, "hints": True, "show_original": False,
+        "env": {"name": "sudoku", "sudoku": {"size": 4, "mask_count": 1, "hints": True, "show_original": False}, "max_turns": 2,
                 "n_train": 4, "n_eval": 4, "episodes_per_step": 1},
         "engine": {"presence_penalty": 0.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 10},
         "algo": {"lr": 1e-3, "temperature": 1.0, "tasks_per_step": 4, "generations": 8, **algo},

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from esopt_mp.agent.objective import load_tasks
-from esopt_mp.config import ConfigError, build_config
+from esopt_mp.config import ConfigError, build_config, open_sections
 from esopt_mp.data import resolve
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
@@ -14,12 +14,12 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 
 def _compose(*overrides):
     with initialize_config_dir(config_dir=os.path.abspath(CONFIGS), version_base="1.3"):
-        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+        return OmegaConf.to_container(compose("config", overrides=open_sections(list(overrides))), resolve=True)
 
 
 def test_embedded_default_composes():
     cfg = build_config(_compose(), 1)
-    assert cfg.model.path == "builtin:tiny_agent" and cfg.objective.name == "agent" and cfg.env.hints
+    assert cfg.model.path == "builtin:tiny_agent" and cfg.objective.name == "agent" and cfg.env.sudoku.hints
     fast = build_config(_compose("model=tiny", "objective=target_logprob"), 1)
     assert fast.model.path is None and fast.objective.name == "target_logprob"
     assert os.path.isfile(os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent",
@@ -46,7 +46,7 @@ def test_experiment_profiles(name, env, population, monkeypatch, tmp_path):
         assert (cfg.env.eval_repeats, cfg.env.eval_temperature, cfg.engine.temperature) == (4, 1.0, 1.0)
     if name.startswith("sudoku"):
         hstar = {"sudoku_4b": 5, "sudoku_4b_h10": 10, "sudoku_4b_h15": 15}[name]
-        assert (cfg.env.mask_count, cfg.env.max_turns) == (hstar, 3 * hstar)
+        assert (cfg.env.sudoku.mask_count, cfg.env.max_turns) == (hstar, 3 * hstar)
         assert cfg.es.sigma.start == (7e-4 if hstar == 15 else 1e-3)
         train, held = load_tasks(cfg.env)
         assert len(train) == 32 and len(held) == 32 and all(t["mask_count"] == hstar for t in train)
@@ -74,32 +74,53 @@ def test_webarena_profiles_validate():
     cfg = build_config(_compose("+experiment=webarena_27b"), 4)
     assert (cfg.env.name, cfg.es.population, cfg.es.steps, cfg.es.mirrored) == ("webarena_lite", 8, 70, False)
     assert (cfg.es.sigma.kind, cfg.es.sigma.start, cfg.es.alpha.start) == ("constant", 1.5e-3, 2.5e-4)
-    assert (cfg.env.web.suite, cfg.env.web.split, cfg.env.web.max_browsers) == ("webarena_lite", "all", 8)
+    assert (cfg.env.webarena_lite.suite, cfg.env.webarena_lite.split, cfg.env.webarena_lite.max_browsers) == ("webarena_lite", "all", 8)
     tiny = build_config(_compose("+experiment=webarena_tiny"), 1)
-    assert (tiny.env.web.suite, tiny.model.path) == ("demo", "builtin:tiny_agent")
+    assert (tiny.env.webarena_lite.suite, tiny.model.path) == ("demo", "builtin:tiny_agent")
     train, held = load_tasks(tiny.env)
     assert len(train) == 4 and len(held) == 2 and not {t["id"] for t in train} & {t["id"] for t in held}
 
 
 def test_env_sections_compose_from_plain_overrides_and_match_the_dataclass_defaults():
-    """``env.name=docvqa env.docvqa.tesseract=...`` (and env.web / env.sandbox keys) are plain overrides, not
-    "Key 'docvqa' is not in struct"; the Hydra tree's env defaults are EnvConfig's."""
+    """``env.name=docvqa env.docvqa.tesseract=...`` (any environment's section, present in the tree or not) and the
+    shared env keys are plain overrides, not "Key 'docvqa' is not in struct"; the tree's shared env defaults are
+    EnvConfig's."""
     import dataclasses
     import shutil
 
     from esopt_mp.config import EnvConfig
 
-    raw = _compose("env.name=docvqa", "env.docvqa.observation_chars=123", "env.web.max_browsers=2",
+    raw = _compose("env.name=docvqa", "env.docvqa.observation_chars=123", "env.webarena_lite.max_browsers=2",
                    "env.sandbox.wall_s=5", "env.episode_timeout_s=900", "env.env_workers=3")
-    assert (raw["env"]["docvqa"]["observation_chars"], raw["env"]["web"]["max_browsers"],
+    assert (raw["env"]["docvqa"]["observation_chars"], raw["env"]["webarena_lite"]["max_browsers"],
             raw["env"]["sandbox"]["wall_s"], raw["env"]["episode_timeout_s"]) == (123, 2, 5, 900)
-    defaults, tree = dataclasses.asdict(EnvConfig()), _compose()["env"]
-    for k in ("sandbox", "web", "docvqa", "max_episode_tokens", "episode_timeout_s", "env_workers", "problem"):
+    defaults, tree = EnvConfig().to_dict(), _compose("env.name=math_react")["env"]
+    for k in ("sandbox", "max_episode_tokens", "episode_timeout_s", "env_workers"):
         assert tree[k] == defaults[k], k
-    assert set(tree) == set(defaults)  # every EnvConfig field is in the tree, so each can be overridden
+    assert set(defaults) <= set(tree)  # every shared EnvConfig field is in the tree, so each can be overridden
+    assert set(tree) - set(defaults) == {"sudoku"}  # the env group's own section, ignored unless env.name=sudoku
+    cfg = build_config(_compose("env.name=math_react"), 1)
+    assert build_config(cfg.to_dict(), 1).hash() == cfg.hash()  # config.json rebuilds the run
     if shutil.which("tesseract"):
         cfg = build_config(raw, 1)
         assert cfg.env.docvqa.observation_chars == 123 and cfg.env.sandbox.wall_s == 5
+
+
+def test_a_key_that_moved_into_its_environments_section_names_the_new_spelling():
+    from esopt_mp.config import EnvConfig
+
+    for old, new in (("env.mask_count=5", "env.sudoku.mask_count"), ("env.problem=tsp_aco", "env.heuristic.problem"),
+                     ("env.web.max_browsers=2", "env.webarena_lite.max_browsers")):
+        with pytest.raises(ConfigError, match=f"is now {new}"):
+            open_sections([old])
+    with pytest.raises(ConfigError, match=r"env.hints is now env.sudoku.hints"):
+        build_config({"env": {"hints": True}})
+    with pytest.raises(ConfigError, match=r"env.web is now env.webarena_lite"):
+        build_config({"env": {"web": {"max_browsers": 2}}})
+    with pytest.raises(ConfigError, match=r"unknown config key 'env.sudoku.sizes'"):
+        build_config({"env": {"sudoku": {"sizes": 9}}})
+    assert build_config({"env": {"sudoku": {"size": 9, "mask_count": 5}}}).env.sudoku.size == 9
+    assert EnvConfig().sudoku.mask_count == 4
 
 
 def test_prompt_section_composes_from_plain_overrides_and_matches_the_dataclass_defaults():

@@ -141,7 +141,7 @@ def test_the_baselines_count_failure_kinds_in_their_step_log(tmp_path, monkeypat
     monkeypatch.setattr(objective, "make", lambda name, **kw: Zero())
     cfg = build_config({
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"}, "es": {"steps": 1},
-        "env": {"name": "sudoku", "size": 4, "mask_count": 1, "max_turns": 1, "n_train": 2, "n_eval": 2,
+        "env": {"name": "sudoku", "sudoku": {"size": 4, "mask_count": 1}, "max_turns": 1, "n_train": 2, "n_eval": 2,
                 "episodes_per_step": 1},
         "algo": {"name": "grpo", "tasks_per_step": 2, "generations": 2},
         "run": {"dir": str(tmp_path), "trajectories": False},

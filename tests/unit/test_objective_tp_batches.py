@@ -1,5 +1,5 @@
 """A TP peer follows exactly as many episode batches as its leader plays (webarena_lite plays
-env.web.max_browsers episodes at a time), in training steps and in held-out evaluation."""
+env.webarena_lite.max_browsers episodes at a time), in training steps and in held-out evaluation."""
 import collections
 import types
 
@@ -13,6 +13,7 @@ from esopt_mp.objectives import Member
 def _objective(cfg, leader, calls):
     o = ob.AgentObjective.__new__(ob.AgentObjective)  # no engine, no browser: the batching is what is tested
     o.cfg, o.run_seed, o.eval_round, o.traj_path, o.engine = cfg, 0, 0, None, None
+    o.spec, o.section = cfg.spec, cfg.section
     o.eval_cfg = o.train_cfg = None
     o.context, o.trajectories, o.failures = None, [], collections.Counter()
     o.eval_tasks = [{"id": i} for i in range(5)]
@@ -34,9 +35,9 @@ def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, re
 
     monkeypatch.setattr(ob, "run_episodes", run)
     monkeypatch.setattr(ob, "follow_episodes", lambda *a: calls.__setitem__("follow", calls["follow"] + 1))
-    monkeypatch.setattr(ob, "make", lambda *a, **k: types.SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(ob.AgentObjective, "_make_env", lambda *a, **k: types.SimpleNamespace(close=lambda: None))
     cfg = EnvConfig(name="webarena_lite")
-    cfg.web.max_browsers, cfg.eval_repeats, cfg.episodes_per_step = max_browsers, repeats, 6
+    cfg.section.max_browsers, cfg.eval_repeats, cfg.episodes_per_step = max_browsers, repeats, 6
     for leader in (True, False):
         _objective(cfg, leader, calls)._held_out()
     assert calls["episodes"] == 5 * repeats

@@ -227,7 +227,7 @@ def test_seed_program_is_evaluated_once_and_competes_with_its_fitness(tmp_path, 
 
     search = SampleSearch if optimiser == "sample" else EoHSearch
     t = _trainer(_cfg(tmp_path / optimiser, mode="prompt_only", optimiser=optimiser))
-    ref = ahd.get(t.cfg.env.problem).reference()
+    ref = ahd.get(t.cfg.env.heuristic.problem).reference()
     _, want, _, _, _ = ScoredEnv().step(f"```python\n{ref.rstrip()}\n```")  # the env's score of the seed reply
     seed = search.best(t.context.text)
     assert seed["op"] == "seed" and seed["fitness"] == pytest.approx(want) and t.context.seed_fitness == seed["fitness"]

@@ -91,22 +91,22 @@ def test_the_focused_element_is_found_by_its_own_id_not_a_footnote():
 
 
 def test_web_config_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"env.web.split: must be one of"):
-        build_config({"env": {"name": "webarena_lite", "web": {"split": "dev"}}})
-    with pytest.raises(ConfigError, match=r"env.web.max_browsers: must be >= 1"):
-        build_config({"env": {"name": "webarena_lite", "web": {"max_browsers": 0}}})
-    with pytest.raises(ConfigError, match=r"unknown config key 'env.web.browsers'"):
-        build_config({"env": {"name": "webarena_lite", "web": {"browsers": 2}}})
-    with pytest.raises(ConfigError, match=r"env.web.step_timeout_s: 900.0 exceeds episode_timeout_s"):
-        build_config({"env": {"name": "webarena_lite", "web": {"step_timeout_s": 900}}})
+    with pytest.raises(ConfigError, match=r"env.webarena_lite.split: must be one of"):
+        build_config({"env": {"name": "webarena_lite", "webarena_lite": {"split": "dev"}}})
+    with pytest.raises(ConfigError, match=r"env.webarena_lite.max_browsers: must be >= 1"):
+        build_config({"env": {"name": "webarena_lite", "webarena_lite": {"max_browsers": 0}}})
+    with pytest.raises(ConfigError, match=r"unknown config key 'env.webarena_lite.browsers'"):
+        build_config({"env": {"name": "webarena_lite", "webarena_lite": {"browsers": 2}}})
+    with pytest.raises(ConfigError, match=r"env.webarena_lite.step_timeout_s: 900.0 exceeds episode_timeout_s"):
+        build_config({"env": {"name": "webarena_lite", "webarena_lite": {"step_timeout_s": 900}}})
 
 
 def test_web_settings_in_the_hash_only_for_webarena_and_not_the_paths():
     base = {"env": {"name": "webarena_lite"}}
     h = build_config(base).hash()
-    assert build_config({"env": {"name": "webarena_lite", "web": {"chromium": "/x", "max_browsers": 9}}}).hash() == h
-    assert build_config({"env": {"name": "webarena_lite", "web": {"obs_tokens": 999}}}).hash() != h
-    assert build_config({"env": {"web": {"obs_tokens": 999}}}).hash() == build_config({}).hash()
+    assert build_config({"env": {"name": "webarena_lite", "webarena_lite": {"chromium": "/x", "max_browsers": 9}}}).hash() == h
+    assert build_config({"env": {"name": "webarena_lite", "webarena_lite": {"obs_tokens": 999}}}).hash() != h
+    assert build_config({"env": {"webarena_lite": {"obs_tokens": 999}}}).hash() == build_config({}).hash()
 
 
 def test_registered_without_importing_browsergym():
@@ -135,7 +135,7 @@ def test_task_selection_splits_and_counts_exclusions():
     assert [t["id"] for t in wt.select(split="heldout", configs=CONFIGS, judge=True)[0]] == ["webarenalite.10",
                                                                                               "webarenalite.15"]
     assert wt.select(only_answer=True, configs=CONFIGS, judge=False)[1]["kept"] == 1
-    with pytest.raises(ValueError, match=r"env.web.task_ids: unknown WebArena-Lite task ids \[99\]"):
+    with pytest.raises(ValueError, match=r"env.webarena_lite.task_ids: unknown WebArena-Lite task ids \[99\]"):
         wt.select([99], configs=CONFIGS)
 
 
@@ -178,8 +178,8 @@ def test_judge_preflight_checks_the_url_the_key_and_the_model_browsergym_asks_fo
     with pytest.raises(RuntimeError, match="judge .* is unreachable"):
         wt.judge_preflight(5)
     assert all("judged" in t for t in wt.select(configs=CONFIGS, judge=True)[0])
-    with pytest.raises(ConfigError, match="unknown config key 'env.web.judge_url_env'"):
-        build_config({"env": {"name": "webarena_lite", "web": {"judge_url_env": "X"}}})
+    with pytest.raises(ConfigError, match="unknown config key 'env.webarena_lite.judge_url_env'"):
+        build_config({"env": {"name": "webarena_lite", "webarena_lite": {"judge_url_env": "X"}}})
 
 
 def test_preflight_names_the_missing_variable_and_the_unreachable_site(monkeypatch):

@@ -173,12 +173,12 @@ def test_site_dying_mid_episode_fails_that_episode_and_the_batch_goes_on():
 
 
 def test_step_past_its_time_limit_raises_and_closes():
-    """A browser step slower than env.web.step_timeout_s while the task's site answers is the model's failure (a
+    """A browser step slower than env.webarena_lite.step_timeout_s while the task's site answers is the model's failure (a
     TimeoutError, not an InfraError: the loop scores it 0, never a free pass)."""
     e = make("webarena_lite", max_turns=4, web=CFG)
     obs = e.reset(demo.tasks(1)[0])[0][-1]["content"]  # playwright's own timeout: 20 s
     e.cfg = dataclasses.replace(CFG, step_timeout_s=1e-4)  # the wall-clock limit every real step exceeds
-    with pytest.raises(TimeoutError, match="env.web.step_timeout_s=0.0001.*sites answer") as err:
+    with pytest.raises(TimeoutError, match="env.webarena_lite.step_timeout_s=0.0001.*sites answer") as err:
         e.step(f'fill("{_bid(obs, "textbox", "Name")}", "Ada")')
     assert not isinstance(err.value, InfraError)
     assert e.gym is None and not _browsers()
@@ -205,7 +205,7 @@ class _BusyPage(http.server.BaseHTTPRequestHandler):
 
 def test_a_page_that_never_yields_is_killed_at_the_step_time_limit():
     """Its JavaScript loops forever after a click, so playwright's call never returns: the step's wall clock
-    (env.web.step_timeout_s) kills the browser, the step raises, and no process is left. The site still answers, so
+    (env.webarena_lite.step_timeout_s) kills the browser, the step raises, and no process is left. The site still answers, so
     the hang is the model's action (a TimeoutError), not the infrastructure's."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyPage)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -220,7 +220,7 @@ def test_a_page_that_never_yields_is_killed_at_the_step_time_limit():
         t.start()
         t.join(60)  # without the kill the click never returns
         assert done and isinstance(done[0], TimeoutError) and not isinstance(done[0], InfraError), done  # the model's
-        assert "env.web.step_timeout_s=3" in str(done[0]) and "killed its" in str(done[0])
+        assert "env.webarena_lite.step_timeout_s=3" in str(done[0]) and "killed its" in str(done[0])
         assert e.gym is None and not _browsers()
         assert close_all() == 0
         assert not [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
@@ -274,7 +274,7 @@ def test_a_site_behind_a_proxy_answering_502_is_down():
 
 
 def test_the_configured_chromium_is_the_one_launched(tmp_path, monkeypatch):
-    """env.web.chromium names a wrapper of the real binary (not the setup link's target): the browser of an episode
+    """env.webarena_lite.chromium names a wrapper of the real binary (not the setup link's target): the browser of an episode
     is started through it."""
     from esopt_mp.envs.web import stack
 

@@ -78,7 +78,7 @@ print(json.dumps(hits))
 
 
 def test_full_reset_is_browsergyms_reset_protocol(monkeypatch):
-    """env.web.full_reset calls BrowserGym's WebArenaInstance.full_reset: GET $WA_FULL_RESET/reset, /status until
+    """env.webarena_lite.full_reset calls BrowserGym's WebArenaInstance.full_reset: GET $WA_FULL_RESET/reset, /status until
     ready, then every site (own process: the WebArena site URLs are read once per process)."""
     import json
     import os
@@ -91,7 +91,7 @@ def test_full_reset_is_browsergyms_reset_protocol(monkeypatch):
     hits = json.loads(out.stdout.strip().splitlines()[-1])
     assert hits[:2] == ["/reset", "/status"] and len(hits) >= 3  # then the sites' warm-up
     monkeypatch.delenv("WA_FULL_RESET", raising=False)
-    with pytest.raises(RuntimeError, match="env.web.full_reset: WA_FULL_RESET is not set"):
+    with pytest.raises(RuntimeError, match="env.webarena_lite.full_reset: WA_FULL_RESET is not set"):
         wt.full_reset()
 
 
@@ -99,12 +99,12 @@ def test_preflight_checks_the_runs_own_task_set(capsys):
     """``--preflight -- <overrides>``: the trainer's start check on the task set the overrides give (slurm script)."""
     assert wt.main(["--preflight", "--", "+experiment=webarena_tiny"]) == 0
     assert '"suite": "demo"' in capsys.readouterr().out
-    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.web.task_ids=[99999]"]) == 1
+    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.webarena_lite.task_ids=[99999]"]) == 1
     assert "unknown WebArena-Lite task ids [99999]" in capsys.readouterr().out
-    run = ["--preflight", "--", "+experiment=webarena_27b", "env.episodes_per_step=1", "env.web.answer_only=true"]
-    assert wt.main(run + ["env.web.task_ids=[4,15]"]) == 0  # shopping_admin (train 4, held-out 15): a stub page
+    run = ["--preflight", "--", "+experiment=webarena_27b", "env.episodes_per_step=1", "env.webarena_lite.answer_only=true"]
+    assert wt.main(run + ["env.webarena_lite.task_ids=[4,15]"]) == 0  # shopping_admin (train 4, held-out 15): a stub page
     assert '"train": 1, "heldout": 1' in capsys.readouterr().out
-    assert wt.main(run + ["env.web.task_ids=[69,15]"]) == 1  # task 69 is on reddit: a closed port here
+    assert wt.main(run + ["env.webarena_lite.task_ids=[69,15]"]) == 1  # task 69 is on reddit: a closed port here
     assert "site reddit (WA_REDDIT=" in capsys.readouterr().out
-    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.web.nope=1"]) == 1
-    assert "env.web.nope" in capsys.readouterr().out
+    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.webarena_lite.nope=1"]) == 1
+    assert "env.webarena_lite.nope" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """The heuristic-design problems (the paper's six and online bin packing), one small module each.
 
 ``get(name)`` returns a problem object (:class:`.common.Problem`), built once per process; the ``heuristic``
-environment selects one by ``env.problem``.
+environment selects one by ``env.heuristic.problem``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def known() -> list[str]:
     return sorted(PROBLEMS)
 
 
-def get(name: str, key: str = "env.problem"):
+def get(name: str, key: str = "env.heuristic.problem"):
     if name not in PROBLEMS:
         raise ValueError(f"{key}: unknown heuristic-design problem {name!r}; known: {known()}")
     if name not in _BUILT:

@@ -1,4 +1,4 @@
-"""``env.web``: the WebArena-Lite environment's settings (browser, budgets, tasks, sites, judge)."""
+"""``env.webarena_lite``: the WebArena-Lite environment's settings (browser, budgets, tasks, sites, judge)."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,7 +31,7 @@ class WebConfig:
     # the LLM judge of fuzzy_match tasks: $OPENAI_BASE_URL + $OPENAI_API_KEY (the names BrowserGym's webarena reads;
     # unset: those tasks are excluded and counted), serving the model esopt_mp.envs.web.tasks.JUDGE_MODEL
 
-    def validate(self, key: str = "env.web") -> None:
+    def validate(self, key: str = "env.webarena_lite") -> None:
         def check(cond: bool, k: str, msg: str) -> None:
             if not cond:
                 raise ValueError(f"{key}.{k}: {msg}")

@@ -1,4 +1,4 @@
-"""A demo site on 127.0.0.1 with BrowserGym tasks on it (``env.web.suite=demo``): CPU runs and tests.
+"""A demo site on 127.0.0.1 with BrowserGym tasks on it (``env.webarena_lite.suite=demo``): CPU runs and tests.
 
 The site is served from a thread of the process that plays the episodes,
 started at the first reset; nothing leaves the machine. Two task kinds, each

@@ -22,6 +22,7 @@ A task dict: ``{"id", "gym_id", "sites"?, "seed"?}`` (:func:`.tasks.select`).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -31,7 +32,8 @@ import urllib.error
 import urllib.request
 import weakref
 
-from esopt_mp.envs.base import InfraError, register
+from esopt_mp.envs.base import InfraError
+from esopt_mp.envs.registry import EnvSpec
 from esopt_mp.envs.web import stack, worker
 from esopt_mp.envs.web.actions import USAGE, ActionError, parse_action
 from esopt_mp.envs.web.config import WebConfig
@@ -52,7 +54,7 @@ class SiteDown(InfraError):
 
 
 class BrowserFault(InfraError):
-    """The episode's browser died, or did not open within ``env.web.reset_timeout_s``."""
+    """The episode's browser died, or did not open within ``env.webarena_lite.reset_timeout_s``."""
 
 
 class StepTimeout(BrowserFault):
@@ -99,7 +101,6 @@ def ensure_ready(cfg: WebConfig) -> dict:
         return _CHECKED[key]
 
 
-@register("webarena_lite")
 class WebArenaLiteEnv:
     name = "webarena_lite"
     concurrent = True  # reset/step wait on a browser, on this instance's own thread: a batch may run them at once
@@ -153,7 +154,7 @@ class WebArenaLiteEnv:
     def _call(self, key: str, deadline: float, fn, /, *args, **kwargs):
         """``fn`` on this episode's browser thread, given until ``deadline`` (perf_counter) to return; past it
         the browser and its driver are killed (a page whose JavaScript never yields blocks playwright for good)
-        and :class:`TimeoutError` names ``env.web.<key>``."""
+        and :class:`TimeoutError` names ``env.webarena_lite.<key>``."""
         w, limit = self._worker, getattr(self.cfg, key)
         try:
             return w.call(fn, *args, timeout_s=max(0.0, deadline - time.perf_counter()), **kwargs)
@@ -161,7 +162,7 @@ class WebArenaLiteEnv:
             self.gym, self._worker = None, None
             _LIVE.discard(self)
             n = w.kill()
-            why = f"browser did not answer within env.web.{key}={limit:g} s; killed its {n} processes"
+            why = f"browser did not answer within env.webarena_lite.{key}={limit:g} s; killed its {n} processes"
             raise (TimeoutError if key == "episode_timeout_s" else StepTimeout)(why) from None
 
     def close(self) -> int:
@@ -233,9 +234,9 @@ class WebArenaLiteEnv:
             self._check_sites(obs)
             if step_s > self.cfg.step_timeout_s:
                 self._blame_timeout(f"browser step took {step_s:.1f} s > "
-                                    f"env.web.step_timeout_s={self.cfg.step_timeout_s:g}")
+                                    f"env.webarena_lite.step_timeout_s={self.cfg.step_timeout_s:g}")
             if total > self.cfg.episode_timeout_s:
-                raise TimeoutError(f"episode ran {total:.1f} s > env.web.episode_timeout_s={self.cfg.episode_timeout_s:g}")
+                raise TimeoutError(f"episode ran {total:.1f} s > env.webarena_lite.episode_timeout_s={self.cfg.episode_timeout_s:g}")
         except BaseException:
             self.close()
             raise
@@ -249,7 +250,7 @@ class WebArenaLiteEnv:
         return [{"role": "user", "content": text}], float(reward), False, False, meta
 
     def _blame_timeout(self, why: str) -> None:
-        """A step past ``env.web.step_timeout_s`` is the infrastructure's only if a task's site is down
+        """A step past ``env.webarena_lite.step_timeout_s`` is the infrastructure's only if a task's site is down
         (:class:`SiteDown`); with every site answering, the action is the model's (a ``goto`` to an address that
         never replies, a page it made hang): :class:`TimeoutError`, scored as its failure, never a free pass."""
         self._probe_sites()
@@ -300,3 +301,48 @@ def _goal_text(obs: dict) -> str:
         return goal
     parts = [g.get("text", "") for g in obs.get("goal_object") or () if g.get("type") == "text"]
     return "\n".join(p for p in parts if p)
+
+
+class WebArenaLiteSpec(EnvSpec):
+    """``env.webarena_lite``: browser, budgets, task set. Tasks come from its suite's splits; at start-up the browser
+    stack and the sites are checked (and the sites reset once, by dp group 0, with ``full_reset``)."""
+
+    config = WebConfig
+
+    def build(self, section, *, max_turns, sandbox=None):
+        return WebArenaLiteEnv(max_turns, web=section)
+
+    def make(self, sandbox=None, **kwargs):
+        return WebArenaLiteEnv(**kwargs)
+
+    def splits(self, env_cfg, section):
+        from esopt_mp.envs.web.tasks import load_split
+
+        return load_split(env_cfg, section)
+
+    def validate(self, section, env_cfg, key):
+        section.validate(key)
+        if env_cfg.episode_timeout_s < section.episode_timeout_s:
+            raise ValueError(f"env.episode_timeout_s: {env_cfg.episode_timeout_s} s (the loop's clock, generation "
+                             f"included) is below {key}.episode_timeout_s={section.episode_timeout_s} s (the "
+                             "browser's): raise it")
+
+    def check(self, section, env_cfg, first):
+        from esopt_mp.envs.web.tasks import startup_check
+
+        startup_check(env_cfg, section, reset=first)
+
+    def syncs_after_check(self, section):
+        return section.full_reset  # nobody plays before the sites are reset
+
+    def max_concurrent(self, section):
+        return section.max_browsers  # one browser each
+
+    def identity(self, section):  # the task set, budgets and judge choice; not paths nor how many browsers
+        web = dataclasses.asdict(section)
+        for k in ("chromium", "browsers_path", "nltk_data", "max_browsers", "preflight_timeout_s"):
+            web.pop(k)
+        return {"web": web}
+
+
+SPEC = WebArenaLiteSpec()

@@ -5,7 +5,7 @@ Nothing is downloaded at run time. Chromium is the system's (Debian's
 ``PLAYWRIGHT_BROWSERS_PATH`` folder whose ``chromium-<revision>/chrome-linux/chrome``
 links to it (BrowserGym's chat window launches a second browser that ignores
 ``executable_path``, so the link is what works for both). A Chromium configured
-explicitly (``env.web.chromium`` or ``$ESOPT_CHROMIUM``) that is not the link's
+explicitly (``env.webarena_lite.chromium`` or ``$ESOPT_CHROMIUM``) that is not the link's
 target gets a link of its own in a private ``PLAYWRIGHT_BROWSERS_PATH``, so the
 binary checked is the binary launched. Importing
 ``browsergym.webarena*`` looks up NLTK's English ``punkt_tab`` and downloads
@@ -123,9 +123,9 @@ def check(chromium: str | None = None, browsers_path: str | None = None, nltk_da
     where = resolve(chromium, browsers_path, nltk_data)
     explicit = chromium or os.environ.get("ESOPT_CHROMIUM")
     if explicit and where["chromium"] != explicit:
-        raise WebStackMissing(f"Chromium {explicit} (env.web.chromium or $ESOPT_CHROMIUM) is not an executable file")
+        raise WebStackMissing(f"Chromium {explicit} (env.webarena_lite.chromium or $ESOPT_CHROMIUM) is not an executable file")
     if where["chromium"] is None:
-        raise WebStackMissing(f"no Chromium binary (env.web.chromium, $ESOPT_CHROMIUM or {DEBIAN_CHROMIUM[1]}); "
+        raise WebStackMissing(f"no Chromium binary (env.webarena_lite.chromium, $ESOPT_CHROMIUM or {DEBIAN_CHROMIUM[1]}); "
                               "apt-get install chromium-headless-shell")
     link = browser_link(where["browsers_path"])
     if explicit and os.path.realpath(link) != os.path.realpath(explicit):  # launch the configured binary

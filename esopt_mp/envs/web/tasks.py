@@ -12,7 +12,7 @@ scorer calls an LLM (a ``fuzzy_match`` reference, scored by ``llm_fuzzy_match``
     python -m esopt_mp.envs.web.tasks --preflight -- +experiment=webarena_27b [overrides]   # the run's task set
 
 Site state: WebArena-Lite's sites are shared by every member and step of a run and are never reset between
-episodes (the benchmark has no per-episode reset); ``env.web.full_reset`` resets them once at the run's start.
+episodes (the benchmark has no per-episode reset); ``env.webarena_lite.full_reset`` resets them once at the run's start.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def select(task_ids=(), split: str = "all", only_answer: bool = False, judge: bo
     by_id = {c["old_task_id"]: c for c in configs}
     unknown = sorted(set(task_ids) - set(by_id))
     if unknown:
-        raise ValueError(f"env.web.task_ids: unknown WebArena-Lite task ids {unknown}")
+        raise ValueError(f"env.webarena_lite.task_ids: unknown WebArena-Lite task ids {unknown}")
     ids = split_ids(task_ids or by_id, split)
     judge = judge_available() if judge is None else judge
     counts = {"selected": len(ids), "excluded_needs_judge": 0, "excluded_not_answer_only": 0}
@@ -151,13 +151,12 @@ def preflight(sites, timeout_s: float = 10.0) -> dict:
     return seen
 
 
-def load_split(env_cfg) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) tasks for ``env`` (an ``EnvConfig`` with ``name=webarena_lite``).
+def load_split(env_cfg, web) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) tasks for ``env`` (an ``EnvConfig``) and its ``webarena_lite`` section ``web``.
 
     ``web.split=all`` (the default): train on the train split, evaluate on the held-out one;
     ``train``/``heldout``: both sets from that one split. ``suite=demo``: the loopback demo tasks.
     """
-    web = env_cfg.web
     if web.suite == "demo":
         from esopt_mp.envs.web import demo
 
@@ -169,21 +168,20 @@ def load_split(env_cfg) -> tuple[list[dict], list[dict]]:
     log.info("webarena_lite tasks: train %s, held-out %s", c_train, c_held)
     train, held = train[: env_cfg.n_train], held[: env_cfg.n_eval]
     if len(train) < env_cfg.episodes_per_step or not held:
-        raise ValueError(f"env.web: {len(train)} training and {len(held)} held-out WebArena-Lite tasks "
+        raise ValueError(f"env.webarena_lite: {len(train)} training and {len(held)} held-out WebArena-Lite tasks "
                          f"(split={web.split}, task_ids={web.task_ids or 'all'}; excluded: train {c_train}, "
                          f"held-out {c_held}) are not enough for env.episodes_per_step={env_cfg.episodes_per_step}")
     return train, held
 
 
-def startup_check(env_cfg, reset: bool = True) -> None:
+def startup_check(env_cfg, web, reset: bool = True) -> None:
     """At the trainer's start on TP leaders: the browser stack, then (WebArena) every site the tasks need
-    (``reset``: the sites' full reset first where ``env.web.full_reset`` asks for it)."""
+    (``reset``: the sites' full reset first where ``env.webarena_lite.full_reset`` asks for it)."""
     from esopt_mp.envs.web.stack import check
 
-    web = env_cfg.web
     check(web.chromium, web.browsers_path, web.nltk_data)
     if web.suite == "webarena_lite":
-        train, held = load_split(env_cfg)
+        train, held = load_split(env_cfg, web)
         if reset and web.full_reset:
             full_reset()
         preflight({s for t in train + held for s in t["sites"]}, web.preflight_timeout_s)
@@ -194,7 +192,7 @@ def startup_check(env_cfg, reset: bool = True) -> None:
 def full_reset() -> None:
     """BrowserGym's WebArena full reset (``WebArenaInstance.full_reset``): every site back to its initial state."""
     if not os.environ.get("WA_FULL_RESET"):
-        raise RuntimeError("env.web.full_reset: WA_FULL_RESET is not set (the base URL of the WebArena instance's "
+        raise RuntimeError("env.webarena_lite.full_reset: WA_FULL_RESET is not set (the base URL of the WebArena instance's "
                            "reset server: BrowserGym calls $WA_FULL_RESET/reset and /status)")
     from browsergym.webarena.instance import WebArenaInstance
 
@@ -207,13 +205,13 @@ def run_env_config(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from esopt_mp.config import build_config
+    from esopt_mp.config import build_config, open_sections
 
     here = os.path.dirname(os.path.abspath(__file__))
     configs = os.path.abspath(os.path.join(here, "..", "..", "..", "configs"))
     try:
         with initialize_config_dir(config_dir=configs, version_base="1.3"):
-            data = OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+            data = OmegaConf.to_container(compose("config", overrides=open_sections(list(overrides))), resolve=True)
     except Exception as e:  # noqa: BLE001 - Hydra's composition errors: one line, as the trainer would fail
         raise ValueError(f"config overrides {overrides}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     return build_config(data).env
@@ -226,7 +224,7 @@ def main(argv=None) -> int:
     ap.add_argument("--answer-only", action="store_true")
     ap.add_argument("--preflight", action="store_true", help="check the browser stack and the sites the tasks need")
     ap.add_argument("--timeout", type=float, default=10.0)
-    ap.add_argument("overrides", nargs="*", help="after --: the run's Hydra overrides; its env.web task set and "
+    ap.add_argument("overrides", nargs="*", help="after --: the run's Hydra overrides; its env.webarena_lite task set and "
                     "settings replace --split/--ids/--answer-only/--timeout, and the trainer's start check runs")
     a = ap.parse_args(argv)
     if a.overrides:
@@ -237,7 +235,7 @@ def main(argv=None) -> int:
         except (RuntimeError, ValueError) as e:  # WebStackMissing and ConfigError are among them
             print(json.dumps({"error": str(e)}))
             return 1
-        print(json.dumps({"train": len(train), "heldout": len(held), "suite": env.web.suite}))
+        print(json.dumps({"train": len(train), "heldout": len(held), "suite": env.webarena_lite.suite}))
         return 0
     tasks, counts = select(a.ids, a.split, a.answer_only)
     out = {"counts": counts}

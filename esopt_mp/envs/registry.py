@@ -1,0 +1,325 @@
+"""Where environments come from: the built-ins, lazily, and installed plugins, by entry point.
+
+``env.name=NAME`` names one; its own settings are the section ``env.NAME.*``. Nothing is imported until a name
+is asked for: the built-ins are a table of ``"module:Object"`` strings, plugins are the entry points of group
+``esopt_mp.envs`` (``[project.entry-points."esopt_mp.envs"] NAME = "pkg.module:Factory"`` in a package's
+pyproject). The runtime (objective, trainer, config) only ever talks to an :class:`EnvSpec`, so no environment's
+name or knowledge lives outside its own module.
+
+A plugin's object (usually the environment class) is wrapped by :class:`FactorySpec`, which reads what the
+runtime needs from it, every attribute optional but ``tasks``:
+
+- ``config``: a dataclass for the section (else one is built from the factory's keyword parameters);
+- ``tasks(split, n, seed, **section)``: the task source (``split`` is ``"train"`` or ``"eval"``);
+- ``runs_code`` (the sandbox is checked at start-up), ``max_concurrent`` (episodes at once, 0: all),
+  ``requires`` (import name -> pip requirement) and ``extra`` (the esopt_mp extra installing them), ``check``
+  (a start-up check, given the section's keys).
+
+The episode's return (``returns = "last" | "sum"``), threads (``concurrent``) and ``failure_return`` are read
+from each environment instance by the agent loop (:mod:`esopt_mp.envs.base`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import threading
+import typing
+from importlib import metadata
+from typing import Any
+
+GROUP = "esopt_mp.envs"  # the entry-point group plugins declare
+DEFAULT_ENV = "sudoku"  # the embedded default's
+
+BUILTIN = {  # name -> "module:object"; imported when named
+    "sudoku": "esopt_mp.envs.sudoku:SPEC",
+    "math_react": "esopt_mp.envs.math_react:SPEC",
+    "heuristic": "esopt_mp.envs.heuristic:SPEC",
+    "docvqa": "esopt_mp.envs.docvqa:SPEC",
+    "webarena_lite": "esopt_mp.envs.web.env:SPEC",
+    "reasoning_gym": "esopt_mp.envs.libs.reasoning_gym:ReasoningGymEnv",
+    "textarena": "esopt_mp.envs.libs.textarena:TextArenaEnv",
+    "gem": "esopt_mp.envs.libs.gem:GemEnv",
+    "gymnasium": "esopt_mp.envs.libs.gymnasium:GymnasiumEnv",
+    "openenv": "esopt_mp.envs.libs.openenv:OpenEnvEnv",
+}
+
+# keys of the ``env`` section that moved into an environment's own section: old key -> new dotted key
+MOVED = {"size": "sudoku.size", "mask_count": "sudoku.mask_count", "show_original": "sudoku.show_original",
+         "hints": "sudoku.hints", "problem": "heuristic.problem", "web": "webarena_lite"}
+
+
+class EnvNotFound(ValueError):
+    """``env.name`` names no built-in and no installed plugin, or its module fails to import."""
+
+
+def moved(key: str) -> str | None:
+    """``env.<new>`` for an ``env.<key>`` that moved into an environment's section, else None."""
+    new = MOVED.get(key)
+    return f"env.{new}" if new else None
+
+
+def _plugins() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+
+
+def names() -> tuple[list[str], list[str]]:
+    """(built-in names, installed plugin names), sorted; nothing is imported."""
+    plugins = [n for n in _plugins() if n not in BUILTIN]
+    return sorted(BUILTIN), sorted(plugins)
+
+
+_SPECS: dict[str, "EnvSpec"] = {}
+_LOCK = threading.Lock()
+
+
+def load_spec(name: str) -> "EnvSpec":
+    """The :class:`EnvSpec` of ``name`` (imported once); :class:`EnvNotFound` names what is known or what failed."""
+    with _LOCK:
+        if name in _SPECS:
+            return _SPECS[name]
+        target = BUILTIN.get(name)
+        where = f"built-in {target}"
+        if target is None:
+            ep = _plugins().get(name)
+            if ep is None:
+                builtin, plugins = names()
+                raise EnvNotFound(f"unknown environment {name!r}; built-in: {', '.join(builtin)}; installed plugins: "
+                                  f"{', '.join(plugins) or 'none'} (a plugin declares an entry point in group "
+                                  f"{GROUP!r})")
+            target, where = ep.value, f"plugin {ep.value} (distribution {getattr(ep.dist, 'name', '?')})"
+        module, _, attr = target.partition(":")
+        try:
+            obj = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except Exception as e:  # noqa: BLE001 - any import error of a plugin is reported with its name
+            raise EnvNotFound(f"environment {name!r}: {where} failed to import: {type(e).__name__}: {e}") from e
+        spec = obj if isinstance(obj, EnvSpec) else FactorySpec(name, obj)
+        spec.name = name
+        _SPECS[name] = spec
+        return spec
+
+
+def missing_requirements(spec: "EnvSpec") -> str | None:
+    """One line naming the ``pip install`` that would provide ``spec``'s missing packages, or None."""
+    missing = [req for mod, req in (spec.requires or {}).items() if importlib.util.find_spec(mod) is None]
+    if not missing:
+        return None
+    how = f"pip install 'esopt_mp[{spec.extra}]'" if spec.extra else "pip install " + " ".join(
+        f"'{r}'" for r in missing)
+    return f"environment {spec.name!r} needs {', '.join(missing)}: {how}"
+
+
+def build_section(spec: "EnvSpec", data: dict | None, key: str):
+    """``spec.config`` built from ``data`` (unknown keys and mistyped values raise, naming ``key.<field>``)."""
+    from esopt_mp.config import from_dict
+
+    return from_dict(spec.config, data or {}, key)
+
+
+class EnvSpec:
+    """What the runtime knows of one environment. Subclass it for a built-in; plugins get :class:`FactorySpec`.
+
+    ``config``: the dataclass of the ``env.<name>`` section. The methods take that section (an instance of
+    ``config``) and the generic ``env`` section (``EnvConfig``: turns, task counts, paths, the sandbox) where
+    they need it.
+    """
+
+    name = ""
+    config: type = dataclasses.make_dataclass("NoSection", [])
+    runs_code = False  # model-written code runs: the sandbox is checked at start-up
+    program_search = False  # the context optimisers that search programs (sample, eoh) may run on it
+    requires: dict[str, str] = {}
+    extra: str | None = None
+
+    def build(self, section, *, max_turns: int, sandbox=None):
+        """One episode's environment."""
+        raise NotImplementedError
+
+    def make(self, sandbox=None, **kwargs):
+        """An environment from its factory's own keyword arguments (tools and tests)."""
+        raise NotImplementedError
+
+    def tasks(self, section, split: str, n: int, seed: int) -> list[dict]:
+        """``n`` tasks of ``split`` ("train" or "eval") from the environment's own source, seeded by ``seed``."""
+        raise NotImplementedError
+
+    def load(self, section, path: str, n: int) -> list[dict]:
+        """The first ``n`` tasks of a JSONL file (``env.train_path`` / ``env.eval_path``)."""
+        tasks = []
+        with open(path) as f:
+            for i, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        task = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{i}: not a JSON task: {e}") from None
+                    if not isinstance(task, dict):
+                        raise ValueError(f"{path}:{i}: a task must be a JSON object, got {type(task).__name__}")
+                    tasks.append(task)
+                if len(tasks) >= n:
+                    break
+        return tasks
+
+    def task_key(self, task: dict) -> str:
+        """What makes two tasks the same (a held-out task equal to a training task is dropped)."""
+        return json.dumps(task, sort_keys=True, default=str)
+
+    def splits(self, env_cfg, section) -> tuple[list[dict], list[dict]]:
+        """(train, held-out): from the files when set, else ``tasks("train", n_train, task_seed)`` and
+        ``tasks("eval", 2 n_eval, task_seed + 1)``; held-out tasks equal to a training task are dropped."""
+        from esopt_mp.data import resolve
+
+        train_path, eval_path = resolve(env_cfg.train_path), resolve(env_cfg.eval_path)
+        train = (self.load(section, train_path, env_cfg.n_train) if train_path
+                 else self.tasks(section, "train", env_cfg.n_train, env_cfg.task_seed))
+        held = (self.load(section, eval_path, env_cfg.n_eval) if eval_path
+                else self.tasks(section, "eval", env_cfg.n_eval * 2, env_cfg.task_seed + 1))
+        seen = {self.task_key(t) for t in train}
+        held = [t for t in held if self.task_key(t) not in seen][: env_cfg.n_eval]
+        if len(train) < env_cfg.episodes_per_step or not held:
+            raise ValueError(f"env: {len(train)} training and {len(held)} held-out tasks are not enough")
+        return train, held
+
+    def validate(self, section, env_cfg, key: str) -> None:
+        """The section's own checks (its ``validate(key)``) and checks against the generic ``env`` settings."""
+        if hasattr(section, "validate"):
+            section.validate(key)
+
+    def check(self, section, env_cfg, first: bool) -> None:
+        """Start-up check on each playing rank before any rollout (``first``: dp group 0's); the sandbox of an
+        environment running code. Raise with one clear line."""
+        if self.runs_code:
+            from esopt_mp.envs.sandbox import Sandbox
+
+            Sandbox.from_config(env_cfg.sandbox)
+
+    def syncs_after_check(self, section) -> bool:
+        """True when every rank must wait for the first's :meth:`check` (it resets shared state)."""
+        return False
+
+    def max_concurrent(self, section) -> int:
+        """Episodes of one batch played at once (0: all)."""
+        return 0
+
+    def identity(self, section) -> dict:
+        """The section's settings that shape training returns, merged into the ``env`` part of the config hash."""
+        return {self.name: dataclasses.asdict(section)} if dataclasses.fields(section) else {}
+
+    def to_dict(self, section) -> dict:
+        return dataclasses.asdict(section)
+
+    def program_extractor(self):
+        """``text -> program`` of an environment whose episodes write one program (the context optimisers)."""
+        return None
+
+
+_RUNTIME = ("max_turns", "sandbox")  # the runtime's keyword arguments of a factory, not section keys
+
+
+def _section_type(name: str, factory) -> type:
+    """A dataclass of the factory's keyword parameters that have defaults (the section), typed by annotation."""
+    try:
+        sig = inspect.signature(factory)
+        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+    except (TypeError, ValueError, NameError):
+        sig, hints = inspect.signature(factory), {}
+    fields = []
+    for p in sig.parameters.values():
+        if p.name in _RUNTIME or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is p.empty:
+            continue
+        tp = hints.get(p.name, type(p.default) if p.default is not None else Any)
+        default = p.default
+        if isinstance(default, (list, dict, set)):
+            fields.append((p.name, tp, dataclasses.field(default_factory=lambda d=default: type(d)(d))))
+        else:
+            fields.append((p.name, tp, dataclasses.field(default=default)))
+    return dataclasses.make_dataclass(f"{name.title().replace('_', '')}Section", fields)
+
+
+class FactorySpec(EnvSpec):
+    """A plugin's (or a library adapter's) factory object seen as an :class:`EnvSpec`."""
+
+    def __init__(self, name: str, factory):
+        if not callable(factory):
+            raise EnvNotFound(f"environment {name!r}: {factory!r} is not callable (an entry point names a class "
+                              "or function building one episode's environment)")
+        if not callable(getattr(factory, "tasks", None)):
+            raise EnvNotFound(f"environment {name!r}: {getattr(factory, '__qualname__', factory)!r} has no "
+                              "tasks(split, n, seed) (its task source)")
+        self.name, self.factory = name, factory
+        cfg = getattr(factory, "config", None)
+        self.config = cfg if dataclasses.is_dataclass(cfg) else _section_type(name, factory)
+        self.runs_code = bool(getattr(factory, "runs_code", False))
+        self.requires = dict(getattr(factory, "requires", None) or {})
+        self.extra = getattr(factory, "extra", None)
+        self._params = _accepts(factory)
+
+    def _kwargs(self, section) -> dict:
+        return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+
+    def build(self, section, *, max_turns: int, sandbox=None):
+        return self.make(sandbox=sandbox, max_turns=max_turns, **self._kwargs(section))
+
+    def make(self, sandbox=None, **kwargs):
+        params = self._params
+        if params is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in params or k not in _RUNTIME}
+            if sandbox is not None and "sandbox" in params:
+                kwargs["sandbox"] = sandbox
+        elif sandbox is not None:
+            kwargs["sandbox"] = sandbox
+        return self.factory(**kwargs)
+
+    def tasks(self, section, split: str, n: int, seed: int) -> list[dict]:
+        fn = self.factory.tasks
+        kwargs = self._kwargs(section)
+        params = _accepts(fn)
+        if params is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in params}
+        tasks = list(fn(split, n, seed, **kwargs))
+        bad = next((t for t in tasks if not isinstance(t, dict)), None)
+        if bad is not None:
+            raise TypeError(f"environment {self.name!r}: tasks() must return dicts, got {type(bad).__name__}")
+        return tasks
+
+    def validate(self, section, env_cfg, key: str) -> None:
+        why = missing_requirements(self)
+        if why:
+            raise ValueError(f"{key}: {why}")
+        super().validate(section, env_cfg, key)
+
+    def check(self, section, env_cfg, first: bool) -> None:
+        super().check(section, env_cfg, first)
+        fn = getattr(self.factory, "check", None)
+        if callable(fn):
+            kwargs = self._kwargs(section)
+            params = _accepts(fn)
+            fn(**({k: v for k, v in kwargs.items() if k in params} if params is not None else kwargs))
+
+    def max_concurrent(self, section) -> int:
+        value = getattr(section, "max_concurrent", None)
+        return int(value if value is not None else getattr(self.factory, "max_concurrent", 0) or 0)
+
+
+def _accepts(fn) -> set[str] | None:
+    """The keyword names ``fn`` takes; None when it takes ``**kwargs`` (anything)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def describe(name: str) -> dict:
+    """What ``python -m esopt_mp.envs show NAME`` prints: where it comes from, its section and its defaults."""
+    spec = load_spec(name)
+    section = spec.config()
+    return {"name": name, "source": BUILTIN.get(name) or _plugins()[name].value,
+            "section": {f.name: getattr(section, f.name) for f in dataclasses.fields(section)},
+            "runs_code": spec.runs_code, "requires": spec.requires, "missing": missing_requirements(spec)}

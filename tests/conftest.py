@@ -16,8 +16,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-_PATCHED = (("esopt_mp.agent.objective", ("make", "generate_texts")), ("esopt_mp.agent.loop", ("_encode",)),
-            ("esopt_mp.agent.objective.AgentObjective", ("skill_hooks",)))
+_PATCHED = (("esopt_mp.agent.objective", ("generate_texts",)), ("esopt_mp.agent.loop", ("_encode",)),
+            ("esopt_mp.agent.objective.AgentObjective", ("skill_hooks", "_make_env")))
 
 
 @pytest.fixture(autouse=True)

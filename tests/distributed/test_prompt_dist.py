@@ -18,7 +18,7 @@ def _worker(rank, world, dp, run_dir, out):
     from tests.unit.test_prompt_run import ScoredEnv, _cfg
 
     torch.set_num_threads(1)
-    make, objective.make = objective.make, lambda name, **kw: ScoredEnv()
+    make, objective.AgentObjective._make_env = objective.AgentObjective._make_env, lambda *a, **kw: ScoredEnv()
     try:  # the one-process run shares pytest's process: leave the module as it was
         cfg = _cfg(run_dir)
         cfg.parallel.dp = dp
@@ -34,7 +34,7 @@ def _worker(rank, world, dp, run_dir, out):
         held_out = tr.evaluate()
         tr.close()
     finally:
-        objective.make = make
+        objective.AgentObjective._make_env = make
     torch.save({"state": state, "text": text, "eval": held_out, "seen": seen}, f"{out}.{rank}")
 
 

@@ -32,7 +32,7 @@ def _worker(rank, world, dp, tp, run_dir, out):
 
         return {**h, "proposer": propose}
 
-    make, AgentObjective.skill_hooks, objective.make = objective.make, hooks, lambda name, **kw: AnswerEnv()
+    make, AgentObjective.skill_hooks, objective.AgentObjective._make_env = objective.AgentObjective._make_env, hooks, lambda *a, **kw: AnswerEnv()
     try:  # the one-process run shares pytest's process: leave the classes as they were
         cfg = _cfg(run_dir)
         cfg.parallel.dp, cfg.parallel.tp = dp, tp
@@ -43,7 +43,7 @@ def _worker(rank, world, dp, tp, run_dir, out):
         text = tr.context.text
         tr.close()
     finally:
-        AgentObjective.skill_hooks, objective.make = real, make
+        AgentObjective.skill_hooks, objective.AgentObjective._make_env = real, make
     torch.save({"state": state, "text": text}, f"{out}.{rank}")
 
 

@@ -38,7 +38,7 @@ def _worker(rank, world, dp, tp, run_dir, out):
         finally:
             loop._encode = encode
 
-    objective.generate_texts, objective.make = broken, lambda name, **kw: AnswerEnv()
+    objective.generate_texts, objective.AgentObjective._make_env = broken, lambda *a, **kw: AnswerEnv()
     cfg = _cfg(run_dir)
     cfg.parallel.dp, cfg.parallel.tp = dp, tp
     tr = ESTrainer(cfg, init_distributed(discover(), dp, tp))

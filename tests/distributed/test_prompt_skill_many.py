@@ -45,7 +45,7 @@ def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
     from tests.unit.test_prompt_skill_run import AnswerEnv, _cfg
 
     torch.set_num_threads(1)
-    real, make, asked = objective.generate_texts, objective.make, []
+    real, make, asked = objective.generate_texts, objective.AgentObjective._make_env, []
 
     def generate(engine, messages, seeds, sampling, dims):  # the real generation (peers follow it), canned answers
         real(engine, messages, seeds, sampling, dims)
@@ -59,7 +59,7 @@ def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     if client == "urllib":
         sys.modules["openai"] = None  # the urllib path even where openai is installed
-    objective.generate_texts, objective.make = generate, lambda name, **kw: AnswerEnv()
+    objective.generate_texts, objective.AgentObjective._make_env = generate, lambda *a, **kw: AnswerEnv()
     try:  # the one-process run shares pytest's process: leave the modules as they were
         cfg = _cfg(run_dir)
         cfg.parallel.dp, cfg.parallel.tp = dp, tp
@@ -72,7 +72,7 @@ def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
         text = tr.context.text
         tr.close()
     finally:
-        objective.generate_texts, objective.make = real, make
+        objective.generate_texts, objective.AgentObjective._make_env = real, make
         if openai is False:
             sys.modules.pop("openai", None)
         else:

@@ -74,7 +74,7 @@ def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_c
     import esopt_mp.agent.objective as objective
     from esopt_mp.trainer import ESTrainer
 
-    monkeypatch.setattr(objective, "make", lambda name, **kw: Zero())
+    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: Zero())
     cfg = build_config({
         "run": {"dir": str(tmp_path), "trajectories": False, "log_every": 1},
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"},
@@ -138,7 +138,7 @@ def test_the_baselines_count_failure_kinds_in_their_step_log(tmp_path, monkeypat
     from esopt_mp.baselines.trainer import BaselineTrainer
     from esopt_mp.parallel import ParallelDims
 
-    monkeypatch.setattr(objective, "make", lambda name, **kw: Zero())
+    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: Zero())
     cfg = build_config({
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"}, "es": {"steps": 1},
         "env": {"name": "sudoku", "sudoku": {"size": 4, "mask_count": 1}, "max_turns": 1, "n_train": 2, "n_eval": 2,

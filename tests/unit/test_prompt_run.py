@@ -59,7 +59,7 @@ def fake_env(monkeypatch):
     import esopt_mp.agent.objective as objective
 
     torch.set_num_threads(1)
-    monkeypatch.setattr(objective, "make", lambda name, **kw: ScoredEnv())
+    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: ScoredEnv())
 
 
 def test_context_and_weights_change_and_replay_and_resume_reproduce_both(tmp_path, fake_env):
@@ -303,7 +303,7 @@ def test_score_program_closes_the_env_also_when_it_raises(tmp_path, monkeypatch)
 
     torch.set_num_threads(1)
     t = _trainer(_cfg(tmp_path / "run", mode="prompt_only"))  # its seed scoring ran the real env
-    monkeypatch.setattr(objective, "make", lambda name, **kw: Failing())
+    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: Failing())
     try:
         with pytest.raises(RuntimeError, match="sandbox died"):
             t.objective.score_program("def score(item, bins):\n    return bins")

@@ -46,7 +46,7 @@ def env(monkeypatch):
     import esopt_mp.agent.objective as objective
 
     torch.set_num_threads(1)
-    monkeypatch.setattr(objective, "make", lambda name, **kw: AnswerEnv())
+    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: AnswerEnv())
 
 
 def _scripted(monkeypatch, shown):

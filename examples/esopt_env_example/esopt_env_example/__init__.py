@@ -1,0 +1,1 @@
+"""An example esopt_mp environment plugin (see guess.py)."""

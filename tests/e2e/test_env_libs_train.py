@@ -1,0 +1,41 @@
+"""The environment libraries' adapters trained for 2 steps of ES with the tiny agent, as a user runs them
+(subprocesses of launch/train.py); each test skips without its library."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHORT = ["es.population=2", "es.steps=2", "env.n_train=8", "env.n_eval=4", "env.episodes_per_step=2",
+         "run.eval_every=0", "run.checkpoint_every=0"]
+
+
+def _train(run_dir, *overrides):
+    return subprocess.run([sys.executable, "launch/train.py", *SHORT, *overrides, f"run.dir={run_dir}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
+
+
+def _history(run_dir):
+    return [json.loads(line) for line in open(os.path.join(run_dir, "history.jsonl"))]
+
+
+def test_reasoning_gym_composite_with_attempts_trains_two_steps(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    p = _train(tmp_path / "run", "env.name=reasoning_gym", "env.reasoning_gym.dataset=composite",
+               "env.reasoning_gym.weights={leg_counting:1,basic_arithmetic:2}", "env.reasoning_gym.attempts=2",
+               "env.max_turns=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = _history(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(math.isfinite(x) and 0.0 <= x <= 1.0 for r in rows for x in r["returns"])
+    eps = [json.loads(line) for line in open(tmp_path / "run" / "trajectories.jsonl")]
+    assert {e["id"].split("-")[1] for e in eps} <= {"leg_counting", "basic_arithmetic"}
+    assert all(len(e["turns"]) == 2 or e["turns"][-1]["info"]["correct"] for e in eps)  # a wrong answer is retried
+    bad = _train(tmp_path / "bad", "env.name=reasoning_gym", "env.reasoning_gym.dataset=leg_countin")
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.returncode == 2 and len(lines) == 1 and "close: leg_counting" in lines[0], bad.stderr[-2000:]

@@ -1,15 +1,21 @@
-"""The horizon crossover in miniature: ES, GRPO and PPO on the tiny 4x4 Sudoku agent at increasing H*.
+"""The horizon crossover in miniature: ES, GRPO and PPO on the tiny agent at increasing horizons, on any environment.
 
-    python tools/crossover.py                                   # H* 2 4 6, 3 seeds, 2048 episodes per run
+    python tools/crossover.py                                   # 4x4 Sudoku, H* 2 4 6, 3 seeds, 2048 episodes per run
     python tools/crossover.py --horizons 2 6 --seeds 0 --budget 256 --jobs 2 --out runs/crossover
+    python tools/crossover.py --env gymnasium --horizon-key env.max_turns --turns-per-horizon 0 --horizons 8 16 32 \
+        env.gymnasium.id=FrozenLake-v1                         # any environment: which key the horizon sets
+
+The horizon is one integer setting, ``--horizon-key`` (default: Sudoku's blanks, ``env.sudoku.mask_count``), and
+the turn budget follows it (``env.max_turns = --turns-per-horizon x horizon``; 0 leaves ``env.max_turns`` to the
+overrides). Extra Hydra overrides (an experiment profile, the environment's section) go to every run.
 
 Every (method, H*, seed) is one `python launch/train.py` run in its own directory under ``--out``
 (a finished run is reused when the command is repeated, so an interrupted sweep loses nothing).
 Equal rollout budget: every method plays the same number of training episodes per step and the
 same number of steps (ES: population x episodes per member; GRPO/PPO: tasks x generations); the
 script checks it up front from the settings and afterwards by counting the training episodes each
-run actually wrote to its trajectories.jsonl. The turn budget grows with the horizon (2 x H*).
-Held-out success (greedy, the same puzzles for every method at a given H*) before and after
+run actually wrote to its trajectories.jsonl.
+The held-out return (greedy, the same tasks for every method at a given horizon) before and after
 training is what the plot shows, as mean and min..max over seeds. Prints one JSON object.
 """
 from __future__ import annotations
@@ -26,6 +32,7 @@ from tqdm.auto import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("es", "grpo", "ppo")
+SUDOKU_HORIZON = "env.sudoku.mask_count"
 
 
 def plan(args) -> list[dict]:
@@ -40,11 +47,14 @@ def plan(args) -> list[dict]:
     steps = args.budget // es_per_step
     runs = []
     for h in args.horizons:
-        if not 1 <= h <= 15:
+        if args.horizon_key == SUDOKU_HORIZON and args.env == "sudoku" and not 1 <= h <= 15:
             raise SystemExit(f"--horizons: H* = {h} is outside 1..15 for a 4x4 board")
+        if h < 1:
+            raise SystemExit(f"--horizons: {h} is not a horizon (>= 1)")
+        turns = [f"env.max_turns={args.turns_per_horizon * h}"] if args.turns_per_horizon else []
         for seed in args.seeds:
             for m in args.methods:
-                common = [f"env.sudoku.mask_count={h}", f"env.max_turns={2 * h}", f"env.n_eval={args.n_eval}",
+                common = [f"env.name={args.env}", f"{args.horizon_key}={h}", *turns, f"env.n_eval={args.n_eval}",
                           "run.eval_every=0", "run.checkpoint_every=0", "run.export=false", "run.trajectories=true",
                           f"env.task_seed={args.task_seed}"]
                 if m == "es":  # es.seed is every method's run seed (tasks, episodes, noise)
@@ -110,7 +120,7 @@ def aggregate(results: list[dict]) -> dict:
     return out
 
 
-def plot(agg: dict, budget: int, path: str) -> str:
+def plot(agg: dict, budget: int, path: str, xlabel: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,8 +139,8 @@ def plot(agg: dict, budget: int, path: str) -> str:
         before = before or (x, [by_h[h]["before"] for h in hs])
     if before:
         ax.plot(*before, "k:", label="before training")
-    ax.set_xlabel("H* (blank cells, 4x4 Sudoku)")
-    ax.set_ylabel("held-out success")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out return")
     ax.set_title(f"tiny agent, {budget} training episodes per run (band: min..max over seeds)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -142,6 +152,9 @@ def plot(agg: dict, budget: int, path: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", default="sudoku", help="env.name of every run (any built-in or installed plugin)")
+    ap.add_argument("--horizon-key", default=SUDOKU_HORIZON, help="the integer setting each horizon value sets")
+    ap.add_argument("--turns-per-horizon", type=int, default=2, help="env.max_turns = this x horizon (0: unset)")
     ap.add_argument("--horizons", type=int, nargs="+", default=[2, 4, 6])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -150,7 +163,7 @@ def main() -> None:
     ap.add_argument("--es-episodes", type=int, default=8, help="episodes per ES member per step")
     ap.add_argument("--pg-tasks", type=int, default=8, help="GRPO/PPO tasks per step")
     ap.add_argument("--pg-generations", type=int, default=8, help="GRPO/PPO rollouts per task")
-    ap.add_argument("--n-eval", type=int, default=64, help="held-out puzzles per H*")
+    ap.add_argument("--n-eval", type=int, default=64, help="held-out tasks per horizon")
     ap.add_argument("--task-seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1, help="runs at once")
     ap.add_argument("--threads", type=int, help="torch threads per run (default cpu_count // jobs; 1 on a busy machine:"
@@ -184,9 +197,11 @@ def main() -> None:
     results.sort(key=lambda r: (r["horizon"], r["method"], r["seed"]))
     agg = aggregate(results)
     os.makedirs(args.out, exist_ok=True)
-    png = plot(agg, args.budget, os.path.join(args.out, "crossover.png"))
+    xlabel = "H* (blank cells, 4x4 Sudoku)" if args.horizon_key == SUDOKU_HORIZON else f"{args.horizon_key} ({args.env})"
+    png = plot(agg, args.budget, os.path.join(args.out, "crossover.png"), xlabel)
     report = {"budget_episodes_per_run": args.budget, "episodes_per_step": args.es_population * args.es_episodes,
-              "horizons": args.horizons, "seeds": args.seeds, "success_after": agg, "runs": results, "missing": missing,
+              "env": args.env, "horizon_key": args.horizon_key, "horizons": args.horizons, "seeds": args.seeds,
+              "success_after": agg, "runs": results, "missing": missing,
               "plot": png,
               "seconds": round(time.perf_counter() - t0, 1)}
     with open(os.path.join(args.out, "crossover.json"), "w") as f:

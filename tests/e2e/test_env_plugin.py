@@ -137,3 +137,19 @@ def test_a_plugin_whose_step_raises_follows_the_failure_rules(tmp_path):
     assert len(rows) == 2
     for r in rows:  # each member played one task of each kind: mean over ok (1) and model (0) = 0.5
         assert r["returns"] == [0.5, 0.5] and r["failures"] == {"model": 2, "wall_clock": 0, "infra": 2}
+
+
+def test_the_horizon_crossover_runs_on_a_plugin_environment(example_installed, tmp_path):
+    """tools/crossover.py on an environment the project did not write: ES and GRPO on equal budgets, the horizon
+    being the plugin's own key; every run played the budget (the tool counts the trajectories)."""
+    p = subprocess.run([sys.executable, "tools/crossover.py", "--env", "guess_number", "--horizon-key",
+                        "env.guess_number.high", "--turns-per-horizon", "0", "--horizons", "4", "--seeds", "0",
+                        "--methods", "es", "grpo", "--budget", "8", "--es-population", "2", "--es-episodes", "4",
+                        "--pg-tasks", "2", "--pg-generations", "4", "--n-eval", "2", "--out", str(tmp_path / "x"),
+                        "env.max_turns=3", "engine.max_new_tokens=8", "env.n_train=16"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads(p.stdout.strip().splitlines()[-1])
+    assert report["env"] == "guess_number" and {r["method"] for r in report["runs"]} == {"es", "grpo"}
+    assert all(r["episodes"] == 8 and 0.0 <= r["after"] <= 1.0 for r in report["runs"])
+    assert os.path.getsize(report["plot"]) > 0

@@ -13,22 +13,17 @@ import hashlib
 import json
 import math
 import os
-import typing
-from typing import Any
 
 from esopt_mp.es.perturber import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS
 from esopt_mp.es.shaping import SHAPINGS
 from esopt_mp.envs.registry import DEFAULT_ENV
+from esopt_mp.typed import ConfigError, from_dict
 from esopt_mp.envs.sandbox.config import SandboxConfig
 from esopt_mp.prompt.config import PromptConfig
 
 
 ENGINES = ("hf", "vllm")
-
-
-class ConfigError(ValueError):
-    """A configuration value is unknown, mistyped or impossible."""
 
 
 def _check(cond: bool, key: str, msg: str) -> None:
@@ -553,58 +548,6 @@ class TrainConfig:
 def _digest(fields: dict) -> str:
     """The config hash of a nested dict of hashed settings (16 hex digits of a SHA-256 of its sorted JSON)."""
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        return _coerce(value, next(a for a in args if a is not type(None)), key)
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (inner,) = typing.get_args(tp)
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    return value
-
-
-def from_dict(cls, data: Any, prefix: str = "", _plain: bool = False):
-    """Build dataclass ``cls`` from a nested dict; unknown keys raise :class:`ConfigError`. A class with a
-    ``from_mapping`` classmethod (``EnvConfig``: open to environment sections) builds itself."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
-    if not _plain and hasattr(cls, "from_mapping"):
-        return cls.from_mapping(data, prefix)
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for k in data:
-        if k not in names:
-            where = f"{prefix}.{k}" if prefix else k
-            raise ConfigError(f"unknown config key '{where}'; known keys here: {sorted(names)}")
-    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
-    return cls(**kwargs)
 
 
 def build_config(data: dict, world_size: int | None = None) -> TrainConfig:

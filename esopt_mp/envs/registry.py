@@ -11,6 +11,8 @@ runtime needs from it, every attribute optional but ``tasks``:
 
 - ``config``: a dataclass for the section (else one is built from the factory's keyword parameters);
 - ``tasks(split, n, seed, **section)``: the task source (``split`` is ``"train"`` or ``"eval"``);
+- ``task_key(task)``: what makes two tasks the same (default: the whole task), so that a held-out task equal to a
+  training task is dropped;
 - ``runs_code`` (the sandbox is checked at start-up), ``max_concurrent`` (episodes at once, 0: all),
   ``requires`` (import name -> pip requirement) and ``extra`` (the esopt_mp extra installing them), ``check``
   (a start-up check, given the section's keys).
@@ -115,7 +117,7 @@ def missing_requirements(spec: "EnvSpec") -> str | None:
 
 def build_section(spec: "EnvSpec", data: dict | None, key: str):
     """``spec.config`` built from ``data`` (unknown keys and mistyped values raise, naming ``key.<field>``)."""
-    from esopt_mp.config import from_dict
+    from esopt_mp.typed import from_dict
 
     return from_dict(spec.config, data or {}, key)
 
@@ -285,6 +287,10 @@ class FactorySpec(EnvSpec):
         if bad is not None:
             raise TypeError(f"environment {self.name!r}: tasks() must return dicts, got {type(bad).__name__}")
         return tasks
+
+    def task_key(self, task: dict) -> str:
+        fn = getattr(self.factory, "task_key", None)  # the factory's own notion of the same task, if it has one
+        return str(fn(task)) if callable(fn) else super().task_key(task)
 
     def validate(self, section, env_cfg, key: str) -> None:
         why = missing_requirements(self)

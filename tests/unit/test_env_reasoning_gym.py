@@ -180,3 +180,16 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
         spec.validate(build_section(spec, {"dataset": "leg_counting"}, "env.reasoning_gym"), None, "env.reasoning_gym")
     assert str(e.value) == ("env.reasoning_gym: environment 'reasoning_gym' needs reasoning-gym>=0.1.23: "
                             "pip install 'esopt_mp[reasoning_gym]'")
+
+
+def test_a_held_out_question_equal_to_a_training_question_is_dropped():
+    """The runtime compares tasks by the adapter's task_key (dataset, question, answer), not by id or seed."""
+    from esopt_mp.config import build_config
+
+    cfg = build_config({"env": {"name": "reasoning_gym", "n_train": 8, "n_eval": 8, "episodes_per_step": 2,
+                                "reasoning_gym": {"dataset": "leg_counting",
+                                                  "config": {"min_animals": 1, "max_animals": 1,
+                                                             "min_instances": 1, "max_instances": 1}}}})
+    train, held = cfg.env.spec.splits(cfg.env, cfg.env.section)
+    seen = {(t["question"], t["answer"]) for t in train}
+    assert held and not [t for t in held if (t["question"], t["answer"]) in seen]

@@ -240,6 +240,11 @@ class ReasoningGymEnv:
             out.append(task)
         return out
 
+    @staticmethod
+    def task_key(task: dict) -> str:
+        """Two tasks are the same question when their dataset, question and answer are (not their id or seed)."""
+        return json.dumps([task.get("dataset"), task.get("question"), task.get("answer")], sort_keys=True, default=str)
+
     def reset(self, task: dict):
         """The task's entry as the library made it: as stored, or rebuilt from its source when JSON changed it
         (the metadata's tuples, which some scorers compare against, became lists); the task as stored when the

@@ -1,0 +1,73 @@
+"""Typed sections from plain mappings: the one place a composed config dict becomes dataclasses.
+
+Shared by the run config (:mod:`esopt_mp.config`) and the environments' own sections
+(:mod:`esopt_mp.envs.registry`), so neither imports the other's module. Unknown keys and mistyped values raise
+:class:`ConfigError` naming the dotted key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or impossible."""
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if origin in (typing.Union, getattr(types, "UnionType", None)):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        return _coerce(value, next(a for a in args if a is not type(None)), key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (inner,) = typing.get_args(tp)
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        args = typing.get_args(tp)
+        return {k: _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()} if len(args) == 2 else dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls, data: Any, prefix: str = "", _plain: bool = False):
+    """Build dataclass ``cls`` from a nested dict; unknown keys raise :class:`ConfigError`. A class with a
+    ``from_mapping`` classmethod (``EnvConfig``: open to environment sections) builds itself."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    if not _plain and hasattr(cls, "from_mapping"):
+        return cls.from_mapping(data, prefix)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            where = f"{prefix}.{k}" if prefix else k
+            raise ConfigError(f"unknown config key '{where}'; known keys here: {sorted(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+    return cls(**kwargs)

@@ -39,3 +39,21 @@ def test_reasoning_gym_composite_with_attempts_trains_two_steps(tmp_path):
     bad = _train(tmp_path / "bad", "env.name=reasoning_gym", "env.reasoning_gym.dataset=leg_countin")
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
     assert bad.returncode == 2 and len(lines) == 1 and "close: leg_counting" in lines[0], bad.stderr[-2000:]
+
+
+def test_textarena_game_trains_two_steps_by_its_own_rules(tmp_path):
+    pytest.importorskip("textarena")
+    p = _train(tmp_path / "run", "env.name=textarena", "env.textarena.game=GuessTheNumber-v0",
+               "env.textarena.error_allowance=3", "env.max_turns=6")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = _history(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(math.isfinite(x) and -1.0 <= x <= 1.0 for r in rows for x in r["returns"])
+    eps = [json.loads(line) for line in open(tmp_path / "run" / "trajectories.jsonl")]
+    for e in eps:  # three invalid moves forgiven, the fourth ends the game (a valid guess would keep it going)
+        last = e["turns"][-1]["info"]
+        assert e["ended"] in ("terminated", "truncated") and e["id"].startswith("GuessTheNumber-v0-s")
+        assert len(e["turns"]) == 4 if last.get("invalid_move") else len(e["turns"]) <= 6
+    bad = _train(tmp_path / "bad", "env.name=textarena", "env.textarena.game=TicTacToe-v0")
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.returncode == 2 and len(lines) == 1 and "TicTacToe-v0" in lines[0], bad.stderr[-2000:]

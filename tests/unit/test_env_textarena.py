@@ -185,3 +185,24 @@ def test_game_that_downloads_nltk_data_is_refused_offline():
     with pytest.raises(ValueError, match=r"Wordle-v0 loads NLTK data that is not installed \(.*words\).*offline") as e:
         TextArenaConfig(game="Wordle-v0").validate("env.textarena")
     assert "\n" not in str(e.value) and "nltk.downloader" in str(e.value)
+
+
+def test_long_horizon_profile_validates():
+    import os
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from esopt_mp.config import build_config, open_sections
+
+    configs = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+    with initialize_config_dir(config_dir=os.path.abspath(configs), version_base="1.3"):
+        data = compose("config", overrides=open_sections(["+experiment=textarena_long_tiny"]))
+    cfg = build_config(OmegaConf.to_container(data, resolve=True), 1)
+    section = cfg.env.sections["textarena"]
+    assert (cfg.env.name, section.game, cfg.env.max_turns, section.error_allowance) == ("textarena",
+                                                                                        "2048-v0-mega-easy", 24, 24)
+    env = TextArenaEnv(max_turns=cfg.env.max_turns, game=section.game, error_allowance=section.error_allowance)
+    env.reset(TextArenaEnv.tasks("train", 1, cfg.env.task_seed, game=section.game)[0])
+    ends = [env.step("set 1 2 3")[2:4] for _ in range(cfg.env.max_turns)]  # a reply the game cannot read
+    assert ends[-1] == (False, True) and not any(any(e) for e in ends[:-1])  # forgiven: all its turns are played

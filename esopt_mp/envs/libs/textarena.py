@@ -34,6 +34,7 @@ SYSTEM = ("You are playing a text game. Read the game's messages and reply each 
 _LOCK = threading.Lock()  # the library's resets and steps share the process-global `random`
 _NLTK_CALL = re.compile(r"nltk\.download\(\s*(\[[^\]]*\]|'[^']*'|\"[^\"]*\")")
 _NLTK_DIRS = ("corpora", "taggers", "tokenizers", "chunkers", "models")
+_PROBED: set = set()  # (game, game_kwargs, error_allowance) that started here
 
 
 def _registry() -> dict:
@@ -142,9 +143,13 @@ class TextArenaConfig:
 def probe(cfg: TextArenaConfig, key: str = "env.textarena") -> None:
     """Refuse, with one line naming why, a game that is not registered, takes other arguments, needs NLTK data
     that is not installed, does not start here (a hosted model's key, a broken module) or is not single-player.
-    Starts one instance (on a saved and restored ``random``)."""
+    Starts one instance, once per process and settings (on a saved and restored ``random``)."""
     registry = _registry()
     game = cfg.game
+    key_of = (game, repr(sorted(cfg.game_kwargs.items())) if isinstance(cfg.game_kwargs, dict) else None,
+              cfg.error_allowance)
+    if key_of in _PROBED:  # a game that started once in this process starts again (some take seconds to build)
+        return
     if game not in registry:
         near = sorted(k for k in registry if k.split("-")[0].lower() == game.split("-")[0].lower())
         raise ValueError(f"{key}.game: {game!r} is not a TextArena id; "
@@ -189,6 +194,7 @@ def probe(cfg: TextArenaConfig, key: str = "env.textarena") -> None:
         kind = type(state).__name__ if state is not None else "no state"
         raise ValueError(f"{key}.game: {game} ({game_cls.__name__}, {kind}) is not a single-player game; only "
                          "single-player games are played (there is no opponent policy)")
+    _PROBED.add(key_of)
 
 
 def _entry_class(entry_point):

@@ -57,3 +57,25 @@ def test_textarena_game_trains_two_steps_by_its_own_rules(tmp_path):
     bad = _train(tmp_path / "bad", "env.name=textarena", "env.textarena.game=TicTacToe-v0")
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
     assert bad.returncode == 2 and len(lines) == 1 and "TicTacToe-v0" in lines[0], bad.stderr[-2000:]
+
+
+def test_openenv_server_game_trains_two_steps_over_its_sessions(tmp_path):
+    pytest.importorskip("openenv")
+    from tests.fixtures import openenv_server
+
+    proc, url = openenv_server.start(max_concurrent=8)
+    try:
+        p = _train(tmp_path / "run", "env.name=openenv", f"env.openenv.url={url}", "env.openenv.action_field=guess",
+                   'env.openenv.action_pattern="(\\d+)"', "env.openenv.max_concurrent=4",
+                   "env.openenv.failure_return=-1.0", "env.max_turns=4")
+    finally:
+        openenv_server.stop(proc)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = _history(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1] and all(r["failures"]["infra"] == 0 for r in rows)
+    assert all(math.isfinite(x) and -1.0 <= x <= 1.0 for r in rows for x in r["returns"])
+    eps = [json.loads(line) for line in open(tmp_path / "run" / "trajectories.jsonl")]
+    for e in eps:  # the game's dense rewards summed (-0.1 a wrong guess, 1 the right one), or a failed episode's -1
+        assert e["id"].startswith("openenv-s") and 1 <= len(e["turns"]) <= 4
+        if e["failure"] is None:
+            assert e["return"] == pytest.approx(sum(t["reward"] for t in e["turns"]), abs=1e-12)

@@ -116,7 +116,9 @@ def test_unreadable_reply_is_feedback_and_a_penalty():
     start = info["obs"]
     msgs, r, term, trunc, info = env.step("drive to the passenger please")
     assert (r, term, trunc, info["valid_action"], info["obs"]) == (-2.5, False, False, False, start)
-    assert "south (0)" in msgs[0]["content"] and "did not move" in msgs[0]["content"]
+    assert "<action>NAME</action>" in msgs[0]["content"] and "nothing moved" in msgs[0]["content"]
+    assert "south (0), north (1)" in env.reset({"id": "t", "seed": 4})[0][0]["content"]  # the actions: system prompt
+    env.step("drive to the passenger please")
     env.step("<action>7</action>")  # no such action: out of range
     msgs, r, term, trunc, info = env.step("<action>north</action>")
     assert trunc and not term and msgs  # the run's turn budget truncates

@@ -28,9 +28,11 @@ from typing import Any
 from esopt_mp.envs.toolcalls import clean_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LAST = re.compile(r"^ *\(\w+\) *\n?", re.MULTILINE)  # the render's "(Left)" line: the feedback names the action
 _TAG = re.compile(r"<action>\s*([^<]{0,64}?)\s*</action>", re.IGNORECASE)  # bounded: hostile text stays linear
 _FORMAT = "Each turn, reply with exactly one action inside <action>...</action>, for example <action>{eg}</action>."
 
+_GRIDS = ("FrozenLakeEnv", "TaxiEnv", "CliffWalkingEnv")
 # the library's action labels by environment class (the order is the action number)
 ACTIONS = {
     "FrozenLakeEnv": ("left", "down", "right", "up"),
@@ -254,24 +256,24 @@ class GymnasiumEnv:
             rules = rules.format(slippery=" The ice is slippery: a move may slide you to either side of the "
                                           "direction you chose." if slippery else "")
         eg = self._names[0] if self._names else "0"
-        return f"{rules}\n{_FORMAT.format(eg=eg)} Actions: {self._actions_text()}."
+        return (f"{rules}\n{_FORMAT.format(eg=eg)} Actions: {self._actions_text()}."
+                + ("\nRows and columns count from 1 at the top left." if self._kind in _GRIDS else ""))
 
     def _observation(self, obs) -> str:
         u = self._env.unwrapped
-        board = ANSI.sub("", self._env.render()).strip("\n") if self._ansi else ""
+        board = _LAST.sub("", ANSI.sub("", self._env.render())).strip("\n") if self._ansi else ""
         if self._kind == "FrozenLakeEnv":
             row, col = divmod(int(obs), u.ncol)
             tile = u.desc[row, col].decode()
-            where = f"You are at row {row + 1}, column {col + 1} (counting from the top left), on {tile}."
+            where = f"You are at row {row + 1}, column {col + 1}, on {tile}."
         elif self._kind == "TaxiEnv":
             row, col, passenger, dest = u.decode(int(obs))
             pads = "RGYB"
-            who = "is in the taxi" if passenger == 4 else f"waits at {pads[passenger]}"
-            where = (f"The taxi is at row {row + 1}, column {col + 1} (counting from the top left). The passenger "
-                     f"{who}; their destination is {pads[dest]}.")
+            who = "in the taxi" if passenger == 4 else f"waiting at {pads[passenger]}"
+            where = f"Taxi at row {row + 1}, column {col + 1}. Passenger {who}; destination {pads[dest]}."
         elif self._kind == "CliffWalkingEnv":
             row, col = divmod(int(obs), u.shape[1])
-            where = f"You (x) are at row {row + 1}, column {col + 1} (counting from the top left)."
+            where = f"You (x) are at row {row + 1}, column {col + 1}."
         elif self._kind == "BlackjackEnv":
             player, dealer, ace = obs
             where = (f"Your cards sum to {int(player)}{' (with an ace counted as 11)' if ace else ''}. The dealer "
@@ -282,7 +284,7 @@ class GymnasiumEnv:
 
     def _prompt(self, obs, feedback: str | None) -> str:
         parts = [feedback] if feedback else []
-        parts += [self._observation(obs), f"Turn {self.turn + 1} of {self.max_turns}. Your action:"]
+        parts += [self._observation(obs), f"Turn {self.turn + 1}/{self.max_turns}. Your action:"]
         return "\n".join(parts)
 
     # -- the protocol --
@@ -310,8 +312,7 @@ class GymnasiumEnv:
         info: dict[str, Any] = {"turn": self.turn, "valid_action": action is not None}
         if action is None:
             reward, terminated, truncated = self.invalid_reward, False, False
-            feedback = (f"No action was read from your reply (expected <action>NAME</action>; actions: "
-                        f"{self._actions_text()}). The game did not move; reward {self.invalid_reward:g}.")
+            feedback = f"No action read (reply <action>NAME</action>): nothing moved; reward {self.invalid_reward:g}."
         else:
             self._obs, reward, terminated, truncated, _ = self._env.step(self._start + action)
             reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)

@@ -110,6 +110,15 @@ def test_an_action_the_env_fails_on_is_the_models_failure(servers):
     assert not isinstance(e.value, InfraError)
 
 
+def test_a_step_past_its_time_limit_is_the_models_while_the_server_answers(servers):
+    url = servers["game"].replace("http://", "ws://") + "/ws"  # the WebSocket spelling of the address works too
+    env = OpenEnvEnv(url=url, action_format="json", step_timeout_s=1.0)
+    env.reset({"id": "t", "seed": 7})
+    with pytest.raises(TimeoutError, match="the action is the model's") as e:
+        env.step('{"guess": 50, "wait_s": 3}')
+    assert not isinstance(e.value, InfraError) and env._client is None
+
+
 def test_three_concurrent_sessions_keep_their_own_games(servers):
     seeds = [4, 9, 21]
     envs = [make(servers["game"], max_turns=20) for _ in seeds]

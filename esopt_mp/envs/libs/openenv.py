@@ -35,7 +35,7 @@ import random
 import re
 import threading
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -153,10 +153,18 @@ def http_base(url: str) -> str:
     return base
 
 
+def _get(url: str, route: str, timeout_s: float):
+    """``GET`` a route of the server, past any proxy for a loopback address (as OpenEnv's client connects)."""
+    base = http_base(url)
+    host = urllib.parse.urlsplit(base).hostname or ""
+    handlers = [urllib.request.ProxyHandler({})] if host in ("localhost", "127.0.0.1", "::1") else []
+    return urllib.request.build_opener(*handlers).open(base + route, timeout=timeout_s)
+
+
 def healthy(url: str, timeout_s: float) -> bool:
     """Whether the server answers ``GET /health``."""
     try:
-        with urllib.request.urlopen(http_base(url) + "/health", timeout=timeout_s) as r:
+        with _get(url, "/health", timeout_s) as r:
             return r.status == 200
     except (OSError, ValueError):
         return False
@@ -166,7 +174,7 @@ def action_schema(url: str, timeout_s: float) -> str:
     """The Action's fields as the server's ``/schema`` describes them (JSON), fetched once per address."""
     with _SCHEMA_LOCK:
         if url not in _SCHEMAS:
-            with urllib.request.urlopen(http_base(url) + "/schema", timeout=timeout_s) as r:
+            with _get(url, "/schema", timeout_s) as r:
                 schema = json.loads(r.read().decode("utf-8", "replace")).get("action") or {}
             props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
             _SCHEMAS[url] = json.dumps({"properties": props, "required": schema.get("required", [])})
@@ -252,7 +260,7 @@ class OpenEnvEnv:
     @classmethod
     def check(cls, url: str = "", connect_timeout_s: float = 10.0, step_timeout_s: float = 60.0, **_) -> None:
         """On each playing rank: the server answers a WebSocket session (opened, asked its state, closed)."""
-        client = _client_class()(base_url=url, connect_timeout_s=connect_timeout_s,
+        client = _client_class()(base_url=http_base(url), connect_timeout_s=connect_timeout_s,
                                  message_timeout_s=step_timeout_s).sync()
         try:
             client.connect()
@@ -290,7 +298,7 @@ class OpenEnvEnv:
         cfg = self.cfg
         deadline, pause = time.monotonic() + cfg.capacity_wait_s, 0.1
         while True:
-            self._client = _client_class()(base_url=cfg.url, connect_timeout_s=cfg.connect_timeout_s,
+            self._client = _client_class()(base_url=http_base(cfg.url), connect_timeout_s=cfg.connect_timeout_s,
                                            message_timeout_s=cfg.step_timeout_s).sync()
             try:
                 result = self._client.reset(**{**cfg.reset_kwargs, "seed": seed})

@@ -79,3 +79,39 @@ def test_openenv_server_game_trains_two_steps_over_its_sessions(tmp_path):
         assert e["id"].startswith("openenv-s") and 1 <= len(e["turns"]) <= 4
         if e["failure"] is None:
             assert e["return"] == pytest.approx(sum(t["reward"] for t in e["turns"]), abs=1e-12)
+
+
+def _returns_are_step_sums(run_dir):
+    eps = [json.loads(line) for line in open(os.path.join(run_dir, "trajectories.jsonl"))]
+    for e in eps:  # returns = "sum": the episode's return is the sum of its step rewards
+        if e["failure"] is None:
+            assert e["return"] == pytest.approx(sum(t["reward"] for t in e["turns"]), abs=1e-12)
+    return eps
+
+
+def test_gem_game_trains_two_steps_with_summed_rewards(tmp_path):
+    pytest.importorskip("gem")
+    p = _train(tmp_path / "run", "env.name=gem", "env.gem.id=game:GuessTheNumber-v0-easy", "env.max_turns=4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = _history(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(math.isfinite(x) and -0.1 - 1e-9 <= x <= 1.0 for r in rows for x in r["returns"])
+    eps = _returns_are_step_sums(tmp_path / "run")
+    assert all(e["id"].startswith("game:GuessTheNumber-v0-easy-s") and 1 <= len(e["turns"]) <= 4 for e in eps)
+    bad = _train(tmp_path / "bad", "env.name=gem", "env.gem.id=math:GSM8K")
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.returncode == 2 and len(lines) == 1 and "dataset hub" in lines[0], bad.stderr[-2000:]
+
+
+def test_gymnasium_frozen_lake_trains_two_steps_with_summed_rewards(tmp_path):
+    pytest.importorskip("gymnasium")
+    p = _train(tmp_path / "run", "env.name=gymnasium", "env.gymnasium.id=FrozenLake-v1", "env.max_turns=6")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = _history(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(math.isfinite(x) and -6.0 <= x <= 1.0 for r in rows for x in r["returns"])
+    eps = _returns_are_step_sums(tmp_path / "run")
+    assert all(e["id"].startswith("FrozenLake-v1-s") and 1 <= len(e["turns"]) <= 6 for e in eps)
+    bad = _train(tmp_path / "bad", "env.name=gymnasium", "env.gymnasium.id=CartPole-v1")
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.returncode == 2 and len(lines) == 1 and "no text rendering" in lines[0], bad.stderr[-2000:]

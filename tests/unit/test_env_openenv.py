@@ -80,6 +80,7 @@ def test_json_actions_and_replies_without_one(servers):
     assert (r, done, info["valid_action"]) == (1.0, True, True)
     assert find_json_object('{"a": {"b": 1}} x {"c": 2}') == {"c": 2}
     assert find_json_object('{"a": {"b": 1}}') == {"a": {"b": 1}}
+    assert find_json_object("".join(f'{{"n": {i}}} ' for i in range(1000))) == {"n": 999}  # the last of many
 
 
 def test_refused_action_is_feedback_and_the_session_goes_on(servers):

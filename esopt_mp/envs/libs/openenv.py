@@ -45,7 +45,7 @@ from esopt_mp.envs.toolcalls import MAX_DEPTH, _depth, clean_text, clean_value
 FORMATS = ("text", "json")
 RETURNS = ("sum", "last")
 INVALID = ("feedback", "fail")
-_MAX_STARTS = 256  # '{' positions tried when looking for the reply's JSON object (hostile text stays linear-ish)
+_MAX_STARTS = 256  # '{' positions that start no JSON object tried at most (stray braces: that many parses)
 _SCHEMAS: dict[str, str] = {}
 _SCHEMA_LOCK = threading.Lock()
 
@@ -183,12 +183,12 @@ def action_schema(url: str, timeout_s: float) -> str:
 
 def find_json_object(text: str) -> dict | None:
     """The last top-level JSON object written in ``text`` (None if there is none)."""
-    decoder, found, i, tries = json.JSONDecoder(), None, text.find("{"), 0
-    while i >= 0 and tries < _MAX_STARTS:
-        tries += 1
+    decoder, found, i, misses = json.JSONDecoder(), None, text.find("{"), 0
+    while i >= 0 and misses < _MAX_STARTS:  # a parsed object is skipped whole: only the misses can add up
         try:
             value, end = decoder.raw_decode(text, i)
         except (ValueError, RecursionError):
+            misses += 1
             i = text.find("{", i + 1)
             continue
         if isinstance(value, dict):

@@ -134,9 +134,9 @@ def test_library_time_limit_truncates():
 
 
 HOSTILE = ["", " ", "\x00\x00", "\ud800<action>up</action>\udfff", "<action>" * 20000,
-           "<action>" + "9" * 5000 + "</action>", "<action>-1</action>", "<action>1e3</action>", "<action>\u0663</action>",
-           "<action></action>" * 1000, "<action>left" + "x" * 100000, "</action><action>", "{\"action\": 2}", "a" * 300000,
-           "<ACTION> Drop_Off </ACTION>"]
+           "<action>" + "9" * 5000 + "</action>", "<action>-1</action>", "<action>1e3</action>",
+           "<action>\u0663</action>", "<action></action>" * 1000, "<action>left" + "x" * 100000, "</action><action>",
+           "{\"action\": 2}", "a" * 300000, "<ACTION> Drop_Off </ACTION>"]
 
 
 @pytest.mark.parametrize("i", range(len(HOSTILE)))
@@ -203,3 +203,16 @@ def test_failure_return_is_the_lowest_return():
     env = GymnasiumEnv(id="FrozenLake-v1", max_turns=8)
     env.reset({"id": "t", "seed": 0})
     assert env.failure_return == -8.0  # eight unreadable replies
+
+
+def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    from esopt_mp.envs import registry
+
+    spec = registry.load_spec("gymnasium")
+    assert spec.config is GymnasiumConfig and registry.missing_requirements(spec) is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gymnasium" else real(name, *a))
+    assert registry.missing_requirements(spec) == ("environment 'gymnasium' needs gymnasium>=1.0: "
+                                                   "pip install 'esopt_mp[gymnasium]'")

@@ -230,3 +230,21 @@ def test_tasks_are_seeded_and_disjoint():
 def test_section_validation_names_the_key(kw, key):
     with pytest.raises(ValueError, match=rf"^env\.openenv\.{key}: "):
         OpenEnvConfig(**kw).validate("env.openenv")
+
+
+def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
+    import importlib.util
+    import subprocess
+    import sys
+
+    from esopt_mp.envs import registry
+
+    spec = registry.load_spec("openenv")
+    assert spec.config is OpenEnvConfig and registry.missing_requirements(spec) is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openenv" else real(name, *a))
+    assert registry.missing_requirements(spec) == ("environment 'openenv' needs openenv-core>=0.3.0: "
+                                                   "pip install 'esopt_mp[openenv]'")
+    code = "import sys, esopt_mp.envs.libs.openenv; print('openenv' in sys.modules)"  # the library loads at reset
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False"], out.stderr[-500:]

@@ -230,7 +230,7 @@ class EnvConfig:
         return s
 
     def __getattr__(self, name: str):
-        """``cfg.env.<name>``: the named environment's section (``cfg.env.sudoku.size``)."""
+        """``cfg.env.<name>``: the named environment's section (``cfg.env.<name>.<key>``)."""
         if name.startswith("_") or name != self.__dict__.get("name"):
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (an environment's section is "
                                  f"reachable as env.<env.name>, here env.{self.__dict__.get('name')})")

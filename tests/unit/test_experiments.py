@@ -19,6 +19,8 @@ def _compose(*overrides):
 
 def test_embedded_default_composes():
     cfg = build_config(_compose(), 1)
+    # the embedded default's config hash as it was before environments had their own sections: its runs resume
+    assert cfg.hash() == "e7cd39145205692f"
     assert cfg.model.path == "builtin:tiny_agent" and cfg.objective.name == "agent" and cfg.env.sudoku.hints
     fast = build_config(_compose("model=tiny", "objective=target_logprob"), 1)
     assert fast.model.path is None and fast.objective.name == "target_logprob"

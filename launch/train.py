@@ -58,6 +58,7 @@ def main(hcfg: DictConfig) -> None:
     import torch
 
     from esopt_mp.config import build_config
+    from esopt_mp.envs import StartupError
     from esopt_mp.metrics import setup_logging
     from esopt_mp.parallel import close_distributed, discover, init_distributed
     from esopt_mp.trainer import ESTrainer
@@ -94,10 +95,15 @@ def main(hcfg: DictConfig) -> None:
             print(json.dumps(summary))
         if "stopped_at" in summary:
             stopped = True
+    except StartupError as e:  # the environment cannot be played here (its sandbox, browsers, server): one line
+        print(f"error: {e}", file=sys.stderr)
+        stopped = None
     finally:
         if trainer is not None:
             trainer.close()
         close_distributed()
+    if stopped is None:
+        sys.exit(2)
     if stopped:
         sys.exit(STOPPED_EXIT)  # requeue me: the slurm scripts resubmit on this code
 

@@ -27,7 +27,7 @@ import torch
 from esopt_mp.agent.loop import (AgentConfig, build_agent_config, follow_episodes, generate_texts, run_episodes,
                                   write_trajectories)
 from esopt_mp.engine.hf import HFEngine
-from esopt_mp.envs import FAILURE_KINDS
+from esopt_mp.envs import FAILURE_KINDS, StartupError
 from esopt_mp.es.seeds import stream_seed
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,11 @@ class AgentObjective:
         self.engine = engine or HFEngine(model, tokenizer, prefix_reuse=engine_cfg.prefix_reuse)
         self.spec, self.section = env_cfg.spec, env_cfg.section
         if dims.is_tp_leader:  # the sandbox, a browser stack, a server: refused now, not at episode 1
-            self.spec.check(self.section, env_cfg, first=dims.dp_rank == 0)
+            try:
+                self.spec.check(self.section, env_cfg, first=dims.dp_rank == 0)
+            except Exception as e:  # noqa: BLE001 - whatever the env's check raised, said in one place
+                raise StartupError(f"env.name={env_cfg.name}: the start-up check failed on rank {dims.rank}: "
+                                   f"{type(e).__name__}: {e}") from e
         if self.spec.syncs_after_check(self.section):  # the first's check reset shared state: nobody plays before
             dims.comm.barrier()
         self.train_cfg = build_agent_config(env_cfg, engine_cfg.sampling())

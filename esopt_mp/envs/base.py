@@ -36,6 +36,10 @@ class InfraError(RuntimeError):
     """The infrastructure failed the episode (not the model): its return is left out of the member's mean."""
 
 
+class StartupError(RuntimeError):
+    """An environment's start-up check failed (its sandbox, browser stack, server...): nothing was played."""
+
+
 def failure_return(env) -> float:
     """What an episode of ``env`` that failed by the model's doing scores: ``env.failure_return``, else 0."""
     value = float(getattr(env, "failure_return", 0.0))

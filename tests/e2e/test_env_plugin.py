@@ -153,3 +153,32 @@ def test_the_horizon_crossover_runs_on_a_plugin_environment(example_installed, t
     assert report["env"] == "guess_number" and {r["method"] for r in report["runs"]} == {"es", "grpo"}
     assert all(r["episodes"] == 8 and 0.0 <= r["after"] <= 1.0 for r in report["runs"])
     assert os.path.getsize(report["plot"]) > 0
+
+
+DOWN = '''
+class Down:
+    """A plugin whose server is not there: its start-up check raises."""
+
+    @classmethod
+    def tasks(cls, split, n, seed):
+        return [{"id": i} for i in range(n)]
+
+    @classmethod
+    def check(cls):
+        raise ConnectionRefusedError("nothing answers at 127.0.0.1:9")
+
+    def reset(self, task):
+        raise AssertionError("never played")
+
+    def step(self, text):
+        raise AssertionError("never played")
+'''
+
+
+def test_a_failed_start_up_check_is_one_line_and_nothing_is_played(tmp_path):
+    path = _fake_dist(tmp_path / "site", "down-plugin", "down = down_mod:Down", {"down_mod": DOWN})
+    p = _train(tmp_path / "run", "env.name=down", env={"PYTHONPATH": path})
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines()[-1] == ("error: env.name=down: the start-up check failed on rank 0: "
+                                                 "ConnectionRefusedError: nothing answers at 127.0.0.1:9")
+    assert not os.path.exists(tmp_path / "run" / "history.jsonl")

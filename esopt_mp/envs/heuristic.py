@@ -141,7 +141,8 @@ def generate(n: int, seed: int = 0, n_instances: int = 5, n_items: int = 500) ->
 
 
 class HeuristicEnv:
-    """Heuristic design on one problem of :mod:`esopt_mp.envs.ahd` (``env.heuristic.problem``; online bin packing by default).
+    """Heuristic design on one problem of :mod:`esopt_mp.envs.ahd` (``env.heuristic.problem``; online bin packing
+    by default).
 
     The reply's last code block is evaluated in the sandbox on the task's instances; the episode's return is the
     best score of its turns (higher is better: -gap, -length, -cost, +value, +size).

@@ -13,7 +13,6 @@ pytestmark = pytest.mark.slow
 
 
 def _worker(rank, world, dp, tp, run_dir, out):
-    import esopt_mp.agent.objective as objective
     from esopt_mp.agent.objective import AgentObjective
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
@@ -32,7 +31,8 @@ def _worker(rank, world, dp, tp, run_dir, out):
 
         return {**h, "proposer": propose}
 
-    make, AgentObjective.skill_hooks, objective.AgentObjective._make_env = objective.AgentObjective._make_env, hooks, lambda *a, **kw: AnswerEnv()
+    make, AgentObjective.skill_hooks = AgentObjective._make_env, hooks
+    AgentObjective._make_env = lambda *a, **kw: AnswerEnv()
     try:  # the one-process run shares pytest's process: leave the classes as they were
         cfg = _cfg(run_dir)
         cfg.parallel.dp, cfg.parallel.tp = dp, tp
@@ -43,7 +43,7 @@ def _worker(rank, world, dp, tp, run_dir, out):
         text = tr.context.text
         tr.close()
     finally:
-        AgentObjective.skill_hooks, objective.AgentObjective._make_env = real, make
+        AgentObjective.skill_hooks, AgentObjective._make_env = real, make
     torch.save({"state": state, "text": text}, f"{out}.{rank}")
 
 

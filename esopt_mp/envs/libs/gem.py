@@ -13,21 +13,21 @@ different generator seeds: even for "train", odd for "eval"). The ``math:``, ``c
 start (Wordle, Hangman, WordSearch) fail the start-up check unless that data is installed.
 
 GEM seeds the process-global ``random`` and ``np.random`` at each reset and draws from them in steps (2048
-spawns tiles): every call into it holds one module lock and runs on the episode's own saved generator states,
-the caller's restored after, so an episode plays the same whatever runs beside it and no one else's draws move.
+spawns tiles): every call into it runs on the episode's own saved generator states under one process-wide lock
+(:mod:`esopt_mp.envs.libs.global_rng`), the caller's restored after, so an episode plays the same whatever runs
+beside it and no one else's draws move.
 (The trainer itself draws from no global generator: its streams are private ``random.Random`` instances.)
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import random
 import re
 import sys
-import threading
 from typing import Any
 
+from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
 from esopt_mp.envs.toolcalls import clean_text
 
 SYSTEM = ("You are playing a text game or answering a question. Follow its instructions, and put your move or "
@@ -36,7 +36,6 @@ OFFLINE = ("game", "rg")  # id prefixes whose data ships with the package
 HUB = ("math", "code", "qa", "logic", "eval")  # id prefixes that load a dataset from a hub
 _OWN_RG = ("size", "seed")  # ReasoningGymEnv arguments the task source sets
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours in library messages
-_LOCK = threading.Lock()  # GEM's resets and steps share the global `random` and `np.random`
 
 
 def _gem():
@@ -130,31 +129,6 @@ def _installed() -> bool:
     return importlib.util.find_spec("gem") is not None
 
 
-class _Rng:
-    """An episode's saved states of the global ``random`` and ``np.random`` (None: not yet drawn)."""
-
-    def __init__(self):
-        self.state = None
-
-
-@contextlib.contextmanager
-def _own_random(rng: _Rng):
-    """Run the block under the module lock on ``rng``'s saved generator states, the caller's restored after."""
-    import numpy as np
-
-    with _LOCK:
-        outer = random.getstate(), np.random.get_state()
-        try:
-            if rng.state is not None:
-                random.setstate(rng.state[0])
-                np.random.set_state(rng.state[1])
-            yield
-        finally:
-            rng.state = random.getstate(), np.random.get_state()
-            random.setstate(outer[0])
-            np.random.set_state(outer[1])
-
-
 def _make(env_id: str, kwargs: dict, seed: int):
     """GEM's environment for one task (rg:*: the item of generator seed ``seed``)."""
     extra = {"size": 1, "seed": seed} if _prefix(env_id) == "rg" else {}
@@ -192,7 +166,7 @@ class GemEnv:
         self.kwargs = dict(kwargs or {})
         self.system_prompt = system_prompt
         self._env = None
-        self._rng = _Rng()
+        self._rng = GlobalRandom(numpy=True)
         self.turn = 0
         self.done = False
 
@@ -213,7 +187,7 @@ class GemEnv:
         """On each playing rank: the environment starts here (its data, e.g. NLTK word lists; its arguments)."""
         GemConfig(id=id, kwargs=dict(kwargs or {})).validate()
         try:
-            with _own_random(_Rng()):
+            with owning(GlobalRandom(numpy=True)):
                 env = _make(id, dict(kwargs or {}), 0)
                 env.reset(seed=0)
         except Exception as e:  # noqa: BLE001 - whatever stops it from starting is named in one line
@@ -228,8 +202,8 @@ class GemEnv:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
             raise ValueError(f"task {task.get('id')!r}: seed must be an integer in [0, 2**32), got {seed!r}")
         self.close()
-        self._rng, self.turn, self.done = _Rng(), 0, False
-        with _own_random(self._rng):
+        self._rng, self.turn, self.done = GlobalRandom(numpy=True), 0, False
+        with owning(self._rng):
             random.seed(seed)  # what the constructor draws (it resets itself once, unseeded) follows the task too
             env = _make(self.id, self.kwargs, seed)
             obs, info = env.reset(seed=seed)
@@ -246,7 +220,7 @@ class GemEnv:
         self.turn += 1
         info: dict[str, Any] = {"turn": self.turn}
         try:
-            with _own_random(self._rng):
+            with owning(self._rng):
                 obs, reward, terminated, truncated, step_info = self._env.step(
                     clean_text(text if isinstance(text, str) else str(text)))
             reward = float(reward)

@@ -10,28 +10,26 @@ the turn budget cuts short scores what the game scores a game its own turn limit
 disks in place, tiles reached, the distance of the last guess), 0 for a game that has no such score.
 
 The library draws from the process-global ``random`` (seeded at each reset, drawn again in steps: 2048 spawns
-tiles, Minesweeper lays mines on the first reveal), so every call into it holds one module lock and runs on the
-episode's own saved generator state, the caller's restored after: an episode plays the same whatever runs beside
-it, and nobody else's draws move. Games that download NLTK word lists when they load (Wordle, Hangman,
+tiles, Minesweeper lays mines on the first reveal), so every call into it runs on the episode's own saved
+generator state under one process-wide lock (:mod:`esopt_mp.envs.libs.global_rng`), the caller's restored
+after: an episode plays the same whatever runs beside it, and nobody else's draws move. Games that download NLTK word lists when they load (Wordle, Hangman,
 WordLadder, Codenames...) are refused unless that data is installed; games for two or more players, or that call
 a hosted model, are refused at validation.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import pathlib
 import random
 import re
-import threading
 from typing import Any
 
+from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
 from esopt_mp.envs.toolcalls import clean_text
 
 SYSTEM = ("You are playing a text game. Read the game's messages and reply each turn with one move, in the "
           "format the game asks for (usually in square brackets, e.g. [5]).")
-_LOCK = threading.Lock()  # the library's resets and steps share the process-global `random`
 _NLTK_CALL = re.compile(r"nltk\.download\(\s*(\[[^\]]*\]|'[^']*'|\"[^\"]*\")")
 _NLTK_DIRS = ("corpora", "taggers", "tokenizers", "chunkers", "models")
 _PROBED: set = set()  # (game, game_kwargs, error_allowance) that started here
@@ -84,20 +82,6 @@ def nltk_missing(game: str) -> list[str]:
         return False
 
     return [name for name in wanted if not installed(name)]
-
-
-@contextlib.contextmanager
-def _random_of(owner):
-    """Run the block under the module lock on ``owner._rng`` (its saved ``random`` state), the caller's restored."""
-    with _LOCK:
-        outer = random.getstate()
-        try:
-            if owner._rng is not None:
-                random.setstate(owner._rng)
-            yield
-        finally:
-            owner._rng = random.getstate()
-            random.setstate(outer)
 
 
 def _unwrapped(env):
@@ -182,9 +166,8 @@ def probe(cfg: TextArenaConfig, key: str = "env.textarena") -> None:
             known = [p for p in params if p != "self"]
             raise ValueError(f"{key}.game_kwargs: {game_cls.__name__} takes {', '.join(known) or 'no arguments'}; "
                              f"unknown: {', '.join(bad)}")
-    holder = type("Probe", (), {"_rng": None})()
     try:
-        with _random_of(holder):
+        with owning(GlobalRandom()):
             env = ta.make(game, **cfg.game_kwargs)
             env.reset(num_players=1, seed=0)
             state = getattr(_unwrapped(env), "state", None)
@@ -230,7 +213,7 @@ class TextArenaEnv:
         self.system_prompt = system_prompt
         self.error_allowance = error_allowance
         self._env = self._game = None
-        self._rng = None
+        self._rng = GlobalRandom()
         self.turn = 0
         self.done = False
 
@@ -258,8 +241,8 @@ class TextArenaEnv:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"task {task.get('id')!r}: seed must be an integer, got {seed!r}")
         self.close()
-        self._rng, self.turn, self.done = None, 0, False
-        with _random_of(self):
+        self._rng, self.turn, self.done = GlobalRandom(), 0, False
+        with owning(self._rng):
             random.seed(seed)  # a game drawing before it seeds its state draws from the task's seed too
             env = ta.make(self.game, **self.game_kwargs)
             env.reset(num_players=1, seed=seed)
@@ -281,7 +264,7 @@ class TextArenaEnv:
         self.turn += 1
         info: dict[str, Any] = {"turn": self.turn}
         try:
-            with _random_of(self):
+            with owning(self._rng):
                 done, step_info = self._env.step(clean_text(text if isinstance(text, str) else str(text)))
                 _, messages = self._game.get_observation()
                 rewards, game_info = self._env.close() if done else (None, None)
@@ -307,7 +290,7 @@ class TextArenaEnv:
             score = getattr(self._game, "_get_percentage_completion", None)
             if callable(score):
                 try:
-                    with _random_of(self):
+                    with owning(self._rng):
                         reward = float(score())
                     info["truncation_score"] = reward
                 except Exception as e:  # noqa: BLE001 - no score of a game cut short: 0, as for a game without one

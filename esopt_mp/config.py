@@ -244,12 +244,19 @@ class EnvConfig:
         return d
 
     def validate(self, key: str = "env") -> None:
-        from esopt_mp.envs.registry import EnvNotFound
+        from esopt_mp.envs.registry import EnvNotFound, names
 
         try:
             self.sandbox.validate(f"{key}.sandbox")
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        shared = {f.name for f in dataclasses.fields(self)}
+        _check(self.name not in shared, f"{key}.name", f"{self.name!r} is a key every environment shares, not an "
+               "environment (a plugin of that name cannot be used: rename its entry point)")
+        builtin, plugins = names()
+        unknown = sorted(set(self.sections) - set(builtin) - set(plugins) - {self.name})
+        _check(not unknown, f"{key}.{unknown[0] if unknown else ''}", f"no environment is named "
+               f"{(unknown or [''])[0]!r} (a misspelt section?); built-in: {', '.join(builtin)}; installed plugins: {', '.join(plugins) or 'none'}")
         try:
             spec, section = self.spec, self.section
             spec.validate(section, self, f"{key}.{self.name}")
@@ -299,6 +306,8 @@ def open_sections(overrides: list[str]) -> list[str]:
             if moved(parts[1]):
                 raise ConfigError(f"{key} is now {moved(parts[1])}" + (f".{'.'.join(parts[2:])}" if len(parts) > 2
                                   else "") + " (each environment's settings live in its own section)")
+            if len(parts) == 2:
+                raise ConfigError(f"{arg}: an environment's section takes keys, {key}.<key>=value")
             if len(parts) >= 3:
                 arg = "++" + arg
         out.append(arg)

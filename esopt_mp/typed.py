@@ -25,11 +25,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         return _coerce(value, next(a for a in args if a is not type(None)), key)
-    if origin is list:
+    if origin is list or tp is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (inner,) = typing.get_args(tp)
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        args = typing.get_args(tp)
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else list(value)
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")

@@ -160,6 +160,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
             try:  # what the env returned for the model's reply, recorded and turned into the next prompt
                 msgs, reward, term, trunc, info = out
                 reward = float(reward)
+                if not math.isfinite(reward):  # a reward that cannot be ranked: the episode is lost, not left out
+                    raise ValueError(f"the environment's reward is {reward}")
                 if sums[i]:  # the env's return is the sum of its step rewards (dense rewards)
                     total[i] += reward
                 ep.turns.append({"prompt": prompts[i], "prompt_tokens": len(new_ids[i]), "response": g.text,

@@ -55,7 +55,10 @@ class AgentObjective:
             dims.comm.barrier()
         self.train_cfg = build_agent_config(env_cfg, engine_cfg.sampling())
         self.eval_cfg = build_agent_config(env_cfg, engine_cfg.sampling(env_cfg.eval_temperature))
-        self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
+        try:
+            self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
+        except (ValueError, OSError) as e:  # too few tasks, a bad task file, a task source that failed: one line
+            raise StartupError(f"env.name={env_cfg.name}: its tasks: {e}") from e
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         self.eval_round = 0  # evaluations this process ran: a trajectory tag only, never a seed (not checkpointed)
         self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)

@@ -4,12 +4,14 @@
     python -m esopt_mp.envs show reasoning_gym                    # its section's keys and defaults
     python -m esopt_mp.envs check my_env difficulty=3 --reply "42"  # tasks, reset, steps: what training will do
 
-``check`` builds the section from ``key=value`` pairs (YAML values) as ``env.<name>.<key>=value`` would, draws
-two tasks of each split, resets an episode and plays it with the ``--reply`` texts (default: a few hostile
-replies: empty, binary, very long) until it ends, and prints one JSON object: the tasks, the opening messages, each
-step's reward and flags, the return, and any failure in the terms the trainer would count it (``model``: the step
-raised; ``infra``: an ``InfraError`` or a failed reset). Exit status 0 when nothing failed, 1 otherwise, 2 on a bad
-name or section.
+``check`` builds the section from ``key=value`` pairs (YAML values; ``a.b=v`` for a key of a mapping) over the
+environment's own defaults (not an experiment profile's), as ``env.<name>.<key>=value`` would; runs the
+environment's start-up check; draws the tasks of both splits as training would (``--n-train`` / ``--n-eval``,
+held-out tasks equal to a training task dropped); resets an episode and plays it with the ``--reply`` texts
+(default: a few hostile replies: empty, binary, very long) until it ends; and prints one JSON object: the tasks,
+the opening messages, each step's reward, the return, and any failure in the terms the trainer would count it
+(``startup``; ``model``: the step raised or its reward is not finite; ``infra``: an ``InfraError`` or a failed
+reset). Exit status 0 when nothing failed, 1 otherwise, 2 on a bad name or section.
 """
 from __future__ import annotations
 
@@ -26,36 +28,56 @@ def _section(spec, pairs: list[str], name: str):
 
     from esopt_mp.envs.registry import build_section
 
-    data = {}
+    data: dict = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq:
             raise ValueError(f"expected key=value, got {pair!r}")
-        data[key.removeprefix(f"env.{name}.")] = yaml.safe_load(value)
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{key}: not a YAML value: {str(e).splitlines()[0]}") from None
+        *outer, last = key.removeprefix(f"env.{name}.").split(".")
+        node = data
+        for part in outer:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{key}: {part} is not a mapping")
+        node[last] = value
     section = build_section(spec, data, f"env.{name}")
     spec.validate(section, _Generic(), f"env.{name}")
     return section
 
 
 class _Generic:
-    """The shared ``env`` settings at their defaults, for an environment's cross-checks."""
+    """The shared ``env`` settings at their defaults (task counts as given), for an environment's checks."""
 
-    def __init__(self):
+    def __init__(self, **counts):
         from esopt_mp.config import EnvConfig
 
-        self.__dict__.update({k: v for k, v in vars(EnvConfig()).items() if k != "sections"})
+        self.__dict__.update({k: v for k, v in vars(EnvConfig()).items() if k != "sections"}, **counts)
 
 
-def check(name: str, pairs: list[str], replies: list[str], max_turns: int) -> dict:
+def check(name: str, pairs: list[str], replies: list[str], max_turns: int, n_train: int = 2, n_eval: int = 2) -> dict:
     from esopt_mp.envs.base import InfraError, failure_return, returns_sum
     from esopt_mp.envs.registry import load_spec
 
     spec = load_spec(name)
     section = _section(spec, pairs, name)
     out = {"name": name, "section": spec.to_dict(section), "failure": None}
-    train, held = spec.tasks(section, "train", 2, 0), spec.tasks(section, "eval", 2, 1)
-    out["tasks"] = {"train": train, "eval": held}
-    json.dumps(out["tasks"])  # tasks must be JSON (trajectories, resumes)
+    generic = _Generic(n_train=n_train, n_eval=n_eval, episodes_per_step=1, max_turns=max_turns)
+    try:
+        spec.check(section, generic, first=True)
+    except Exception as e:  # noqa: BLE001 - what training's start-up would refuse
+        out["failure"] = {"kind": "startup", "at": "check", "error": f"{type(e).__name__}: {e}"}
+        return out
+    try:
+        train, held = spec.splits(generic, section)
+        out["tasks"] = {"train": train, "eval": held}
+        json.dumps(out["tasks"], allow_nan=False)  # tasks must be JSON (trajectories, resumes)
+    except (TypeError, ValueError) as e:
+        out["failure"] = {"kind": "startup", "at": "tasks", "error": f"{type(e).__name__}: {e}"}
+        return out
     env = spec.build(section, max_turns=max_turns, sandbox=None)
     try:
         try:
@@ -76,13 +98,15 @@ def check(name: str, pairs: list[str], replies: list[str], max_turns: int) -> di
                 break
             rewards.append(float(reward))
             total += float(reward)
+            if not math.isfinite(rewards[-1]):
+                out["failure"] = {"kind": "model", "at": f"step {turn + 1}", "error": f"reward {reward} is not "
+                                  "finite", "scores": failure_return(env)}
+                break
             if term or trunc:
                 break
         out.update(rewards=rewards, turns=len(rewards), feedback=msgs[-1]["content"][:500] if msgs else None,
                    ret=(total if returns_sum(env) else rewards[-1]) if rewards else None,
                    returns="sum" if returns_sum(env) else "last")
-        if out["ret"] is not None and not math.isfinite(out["ret"]):
-            out["failure"] = {"kind": "model", "at": "return", "error": f"return {out['ret']} is not finite"}
     finally:
         getattr(env, "close", lambda: None)()
     return out
@@ -99,18 +123,20 @@ def main(argv=None) -> int:
     chk.add_argument("pairs", nargs="*", help="section keys: key=value (YAML values)")
     chk.add_argument("--reply", action="append", default=[], help="a reply to play (repeat for several turns)")
     chk.add_argument("--max-turns", type=int, default=4)
+    chk.add_argument("--n-train", type=int, default=2, help="training tasks drawn (env.n_train)")
+    chk.add_argument("--n-eval", type=int, default=2, help="held-out tasks kept (env.n_eval)")
     args = ap.parse_args(argv)
-    from esopt_mp.envs.registry import EnvNotFound, describe, names
+    from esopt_mp.envs.registry import EnvNotFound, describe, names, shadowed
 
     try:
         if args.cmd == "list":
             builtin, plugins = names()
-            print(json.dumps({"builtin": builtin, "plugins": plugins}))
+            print(json.dumps({"builtin": builtin, "plugins": plugins, "shadowed": shadowed()}))
             return 0
         if args.cmd == "show":
             print(json.dumps(describe(args.name), indent=1, default=str))
             return 0
-        out = check(args.name, args.pairs, args.reply or list(HOSTILE), args.max_turns)
+        out = check(args.name, args.pairs, args.reply or list(HOSTILE), args.max_turns, args.n_train, args.n_eval)
     except (EnvNotFound, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -28,10 +28,12 @@ import importlib.util
 import inspect
 import json
 import threading
+import logging
 import typing
 from importlib import metadata
 from typing import Any
 
+log = logging.getLogger(__name__)
 GROUP = "esopt_mp.envs"  # the entry-point group plugins declare
 DEFAULT_ENV = "sudoku"  # the embedded default's
 
@@ -68,9 +70,15 @@ def _plugins() -> dict[str, metadata.EntryPoint]:
 
 
 def names() -> tuple[list[str], list[str]]:
-    """(built-in names, installed plugin names), sorted; nothing is imported."""
+    """(built-in names, installed plugin names), sorted; nothing is imported. A plugin named like a built-in is
+    not among them: the built-in wins (:func:`shadowed`)."""
     plugins = [n for n in _plugins() if n not in BUILTIN]
     return sorted(BUILTIN), sorted(plugins)
+
+
+def shadowed() -> dict[str, str]:
+    """Installed plugins named like a built-in (name -> the plugin's target): never loaded."""
+    return {n: ep.value for n, ep in _plugins().items() if n in BUILTIN}
 
 
 _SPECS: dict[str, "EnvSpec"] = {}
@@ -84,6 +92,9 @@ def load_spec(name: str) -> "EnvSpec":
             return _SPECS[name]
         target = BUILTIN.get(name)
         where = f"built-in {target}"
+        if target is not None and name in shadowed():
+            log.warning("environment %r: the installed plugin %s has a built-in's name and is not used; rename its "
+                        "entry point", name, shadowed()[name])
         if target is None:
             ep = _plugins().get(name)
             if ep is None:
@@ -105,21 +116,47 @@ def load_spec(name: str) -> "EnvSpec":
         return spec
 
 
+def _unmet(module: str, requirement: str) -> str | None:
+    """Why ``requirement`` (a pip requirement providing import ``module``) is not met here, or None."""
+    if importlib.util.find_spec(module) is None:
+        return f"{requirement} (not installed)"
+    try:
+        from packaging.requirements import Requirement
+
+        req = Requirement(requirement)
+        have = metadata.version(req.name)
+    except Exception:  # noqa: BLE001 - no packaging, no metadata (a vendored copy): presence is all we can tell
+        return None
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        return f"{requirement} (installed: {have})"
+    return None
+
+
 def missing_requirements(spec: "EnvSpec") -> str | None:
-    """One line naming the ``pip install`` that would provide ``spec``'s missing packages, or None."""
-    missing = [req for mod, req in (spec.requires or {}).items() if importlib.util.find_spec(mod) is None]
+    """One line naming the ``pip install`` that would provide ``spec``'s missing or too old packages, or None."""
+    missing = [why for mod, req in (spec.requires or {}).items() if (why := _unmet(mod, req))]
     if not missing:
         return None
-    how = f"pip install 'esopt_mp[{spec.extra}]'" if spec.extra else "pip install " + " ".join(
-        f"'{r}'" for r in missing)
+    how = (f"pip install 'esopt_mp[{spec.extra}]' (from a source checkout: pip install -e '.[{spec.extra}]')"
+           if spec.extra else "pip install " + " ".join(f"'{r}'" for r in spec.requires.values()))
     return f"environment {spec.name!r} needs {', '.join(missing)}: {how}"
 
 
 def build_section(spec: "EnvSpec", data: dict | None, key: str):
-    """``spec.config`` built from ``data`` (unknown keys and mistyped values raise, naming ``key.<field>``)."""
+    """``spec.config`` built from ``data`` (unknown keys and mistyped values raise, naming ``key.<field>``). A
+    mapping given for a field whose default is a non-empty mapping is merged into it (``key.weights.x=5`` adds
+    ``x``), as the composed config does for the sections it holds defaults of."""
     from esopt_mp.typed import from_dict
 
-    return from_dict(spec.config, data or {}, key)
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"{key}: expected a mapping of its keys, got {data!r}")
+    data = dict(data or {})
+    defaults = spec.config()
+    for f in dataclasses.fields(defaults):
+        base = getattr(defaults, f.name)
+        if isinstance(base, dict) and base and isinstance(data.get(f.name), dict):
+            data[f.name] = {**base, **data[f.name]}
+    return from_dict(spec.config, data, key)
 
 
 class EnvSpec:
@@ -181,9 +218,11 @@ class EnvSpec:
         held = (self.load(section, eval_path, env_cfg.n_eval) if eval_path
                 else self.tasks(section, "eval", env_cfg.n_eval * 2, env_cfg.task_seed + 1))
         seen = {self.task_key(t) for t in train}
-        held = [t for t in held if self.task_key(t) not in seen][: env_cfg.n_eval]
+        drawn, held = len(held), [t for t in held if self.task_key(t) not in seen][: env_cfg.n_eval]
         if len(train) < env_cfg.episodes_per_step or not held:
-            raise ValueError(f"env: {len(train)} training and {len(held)} held-out tasks are not enough")
+            raise ValueError(f"env.name={self.name}: {len(train)} training tasks (a step plays env.episodes_per_step="
+                             f"{env_cfg.episodes_per_step}) and {len(held)} held-out tasks (of {drawn} drawn, those "
+                             "equal to a training task by its task_key dropped; at least 1 needed) are not enough")
         return train, held
 
     def validate(self, section, env_cfg, key: str) -> None:
@@ -259,6 +298,14 @@ class FactorySpec(EnvSpec):
         self.requires = dict(getattr(factory, "requires", None) or {})
         self.extra = getattr(factory, "extra", None)
         self._params = _accepts(factory)
+        how = getattr(factory, "returns", "last")
+        if isinstance(how, str) and how not in ("last", "sum"):  # a property is the instance's business
+            raise EnvNotFound(f"environment {name!r}: returns must be 'last' or 'sum', got {how!r}")
+        required = _required(factory)
+        if required:
+            raise EnvNotFound(f"environment {name!r}: {getattr(factory, '__qualname__', factory)} takes "
+                              f"{', '.join(required)} without a default: every section key needs one (it is what "
+                              f"env.{name}.<key> overrides)")
 
     def _kwargs(self, section) -> dict:
         return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
@@ -285,7 +332,11 @@ class FactorySpec(EnvSpec):
         tasks = list(fn(split, n, seed, **kwargs))
         bad = next((t for t in tasks if not isinstance(t, dict)), None)
         if bad is not None:
-            raise TypeError(f"environment {self.name!r}: tasks() must return dicts, got {type(bad).__name__}")
+            raise ValueError(f"environment {self.name!r}: tasks() must return dicts, got {type(bad).__name__}")
+        try:  # trajectories and resumes record tasks as JSON
+            json.dumps(tasks, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"environment {self.name!r}: tasks({split!r}, ...) are not JSON: {e}") from None
         return tasks
 
     def task_key(self, task: dict) -> str:
@@ -311,6 +362,16 @@ class FactorySpec(EnvSpec):
         return int(value if value is not None else getattr(self.factory, "max_concurrent", 0) or 0)
 
 
+def _required(factory) -> list[str]:
+    """The factory's parameters without a default, but the runtime's (``max_turns``, ``sandbox``)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is p.empty and p.name not in _RUNTIME
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def _accepts(fn) -> set[str] | None:
     """The keyword names ``fn`` takes; None when it takes ``**kwargs`` (anything)."""
     try:
@@ -328,4 +389,6 @@ def describe(name: str) -> dict:
     section = spec.config()
     return {"name": name, "source": BUILTIN.get(name) or _plugins()[name].value,
             "section": {f.name: getattr(section, f.name) for f in dataclasses.fields(section)},
+            "types": {f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+                      for f in dataclasses.fields(section)},
             "runs_code": spec.runs_code, "requires": spec.requires, "missing": missing_requirements(spec)}

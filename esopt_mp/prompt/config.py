@@ -58,7 +58,7 @@ PROMPT_MODES = ("joint", "alternate", "prompt_only")
 @dataclasses.dataclass
 class PromptConfig:
     """The context optimiser (esopt_mp/prompt) and when it runs beside ES; ``none`` (default) leaves runs as before."""
-    optimiser: str = "none"  # none | sample | eoh (heuristic env: the search state is the context)
+    optimiser: str = "none"  # none | sample | eoh (program-search environments: the search state is the context)
     mode: str = "joint"  # joint (ES every step, context every k) | alternate | prompt_only (ES off)
     every: int = 1  # joint / prompt_only: update the context after every k-th step
     population: int = 4  # eoh: survivors kept

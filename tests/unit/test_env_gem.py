@@ -243,4 +243,6 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
     assert spec.config is GemConfig and registry.missing_requirements(spec) is None
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gem" else real(name, *a))
-    assert registry.missing_requirements(spec) == "environment 'gem' needs gem-llm>=0.1.0: pip install 'esopt_mp[gem]'"
+    assert registry.missing_requirements(spec) == ("environment 'gem' needs gem-llm>=0.1.0 (not installed): pip "
+                                                   "install 'esopt_mp[gem]' (from a source checkout: pip install -e "
+                                                   "'.[gem]')")

@@ -214,5 +214,6 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
     assert spec.config is GymnasiumConfig and registry.missing_requirements(spec) is None
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gymnasium" else real(name, *a))
-    assert registry.missing_requirements(spec) == ("environment 'gymnasium' needs gymnasium>=1.0: "
-                                                   "pip install 'esopt_mp[gymnasium]'")
+    assert registry.missing_requirements(spec) == ("environment 'gymnasium' needs gymnasium>=1.0 (not installed): "
+                                                   "pip install 'esopt_mp[gymnasium]' (from a source checkout: "
+                                                   "pip install -e '.[gymnasium]')")

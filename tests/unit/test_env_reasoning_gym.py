@@ -178,8 +178,9 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
     spec = load_spec("reasoning_gym")
     with pytest.raises(ValueError) as e:
         spec.validate(build_section(spec, {"dataset": "leg_counting"}, "env.reasoning_gym"), None, "env.reasoning_gym")
-    assert str(e.value) == ("env.reasoning_gym: environment 'reasoning_gym' needs reasoning-gym>=0.1.23: "
-                            "pip install 'esopt_mp[reasoning_gym]'")
+    assert str(e.value) == ("env.reasoning_gym: environment 'reasoning_gym' needs reasoning-gym>=0.1.23 (not "
+                            "installed): pip install 'esopt_mp[reasoning_gym]' (from a source checkout: pip install "
+                            "-e '.[reasoning_gym]')")
 
 
 def test_a_held_out_question_equal_to_a_training_question_is_dropped():

@@ -58,7 +58,9 @@ def main(hcfg: DictConfig) -> None:
     import torch
 
     from esopt_mp.config import build_config
+    from esopt_mp.checkpoint import CheckpointError
     from esopt_mp.envs import StartupError
+    from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
     from esopt_mp.parallel import close_distributed, discover, init_distributed
     from esopt_mp.trainer import ESTrainer
@@ -84,20 +86,22 @@ def main(hcfg: DictConfig) -> None:
     trainer = None
     stopped = False
     try:
-        if cfg.algo.name == "es":
-            trainer = ESTrainer(cfg, dims)
-        else:
-            from esopt_mp.baselines.trainer import BaselineTrainer
+        try:
+            if cfg.algo.name == "es":
+                trainer = ESTrainer(cfg, dims)
+            else:
+                from esopt_mp.baselines.trainer import BaselineTrainer
 
-            trainer = BaselineTrainer(cfg, dims)
-        summary = trainer.train()
-        if launch.rank == 0:
-            print(json.dumps(summary))
-        if "stopped_at" in summary:
-            stopped = True
-    except StartupError as e:  # the environment cannot be played here (its sandbox, browsers, server): one line
-        print(f"error: {e}", file=sys.stderr)
-        stopped = None
+                trainer = BaselineTrainer(cfg, dims)
+        except (StartupError, LedgerError, CheckpointError) as e:  # the environment cannot be played here (its
+            print(f"error: {e}", file=sys.stderr)  # sandbox, browsers, server, tasks), or the run.dir holds another
+            stopped = None  # run (its config hash) or a checkpoint that cannot be resumed: one line
+        if trainer is not None:
+            summary = trainer.train()
+            if launch.rank == 0:
+                print(json.dumps(summary))
+            if "stopped_at" in summary:
+                stopped = True
     finally:
         if trainer is not None:
             trainer.close()

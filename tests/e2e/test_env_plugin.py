@@ -63,6 +63,11 @@ def test_the_installed_example_trains_two_steps(example_installed, tmp_path):
     assert cfg["env"]["guess_number"] == {"high": 4} and cfg["identity"]["env.guess_number.high"] == 4
     eps = [json.loads(line) for line in open(tmp_path / "run" / "trajectories.jsonl")]
     assert eps and all("between 1 and 4" in json.dumps(e) for e in eps if e.get("kind") == "train")
+    # the section is part of the run's identity: the same run.dir with another value is refused, in one line
+    p = _train(tmp_path / "run", "env.name=guess_number", "env.guess_number.high=5")
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 2 and "Traceback" not in p.stderr and last.startswith("error: "), p.stderr[-3000:]
+    assert last.endswith("it differs in: env.guess_number.high 4 -> 5"), last
 
 
 def test_a_bad_section_is_one_line_naming_the_key(example_installed, tmp_path):

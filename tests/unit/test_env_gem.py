@@ -232,17 +232,3 @@ def test_import_leaves_the_root_logger_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["0", str(30)], out.stderr[-500:]
     assert adapter.GemEnv.returns == "sum"
-
-
-def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
-    import importlib.util
-
-    from esopt_mp.envs import registry
-
-    spec = registry.load_spec("gem")
-    assert spec.config is GemConfig and registry.missing_requirements(spec) is None
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gem" else real(name, *a))
-    assert registry.missing_requirements(spec) == ("environment 'gem' needs gem-llm>=0.1.0 (not installed): pip "
-                                                   "install 'esopt_mp[gem]' (from a source checkout: pip install -e "
-                                                   "'.[gem]')")

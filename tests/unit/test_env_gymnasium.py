@@ -203,17 +203,3 @@ def test_failure_return_is_the_lowest_return():
     env = GymnasiumEnv(id="FrozenLake-v1", max_turns=8)
     env.reset({"id": "t", "seed": 0})
     assert env.failure_return == -8.0  # eight unreadable replies
-
-
-def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
-    import importlib.util
-
-    from esopt_mp.envs import registry
-
-    spec = registry.load_spec("gymnasium")
-    assert spec.config is GymnasiumConfig and registry.missing_requirements(spec) is None
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gymnasium" else real(name, *a))
-    assert registry.missing_requirements(spec) == ("environment 'gymnasium' needs gymnasium>=1.0 (not installed): "
-                                                   "pip install 'esopt_mp[gymnasium]' (from a source checkout: "
-                                                   "pip install -e '.[gymnasium]')")

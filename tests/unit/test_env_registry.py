@@ -125,3 +125,22 @@ def test_a_library_older_than_the_adapter_needs_is_named_with_its_version():
     spec = FactorySpec("old", type("Old", (Game,), {"requires": {"json": "pytest>=999"}, "extra": "old"}))
     why = registry.missing_requirements(spec)
     assert why.startswith("environment 'old' needs pytest>=999 (installed: ") and "esopt_mp[old]" in why
+
+
+@pytest.mark.parametrize("name,module,requirement", [
+    ("reasoning_gym", "reasoning_gym", "reasoning-gym>=0.1.23"), ("textarena", "textarena", "textarena>=0.7.4"),
+    ("gem", "gem", "gem-llm>=0.1.0"), ("gymnasium", "gymnasium", "gymnasium>=1.0"),
+    ("openenv", "openenv", "openenv-core>=0.3.0")])
+def test_a_library_adapter_without_its_library_is_one_line_naming_its_extra(monkeypatch, name, module, requirement):
+    """The adapters import their library only when used: without it, validation names the pip install to run
+    (whether the library is installed here or not)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == module else real(m, *a))
+    spec = registry.load_spec(name)
+    with pytest.raises(ConfigError) as e:
+        build_config({"env": {"name": name}})
+    assert str(e.value) == (f"env.{name}: environment {name!r} needs {requirement} (not installed): pip install "
+                            f"'esopt_mp[{name}]' (from a source checkout: pip install -e '.[{name}]')")
+    assert spec.requires == {module: requirement} and spec.extra == name

@@ -224,14 +224,14 @@ def main(argv=None) -> int:
     ap.add_argument("--answer-only", action="store_true")
     ap.add_argument("--preflight", action="store_true", help="check the browser stack and the sites the tasks need")
     ap.add_argument("--timeout", type=float, default=10.0)
-    ap.add_argument("overrides", nargs="*", help="after --: the run's Hydra overrides; its env.webarena_lite task set and "
-                    "settings replace --split/--ids/--answer-only/--timeout, and the trainer's start check runs")
+    ap.add_argument("overrides", nargs="*", help="after --: the run's Hydra overrides; its env.webarena_lite task set "
+                    "and settings replace --split/--ids/--answer-only/--timeout, and the trainer's start check runs")
     a = ap.parse_args(argv)
     if a.overrides:
         try:
             env = run_env_config(a.overrides)
-            train, held = load_split(env)
-            startup_check(env, reset=False)  # the trainer's own check (stack, sites, judge), without the reset
+            train, held = load_split(env, env.section)
+            startup_check(env, env.section, reset=False)  # the trainer's own check (stack, sites, judge), without the reset
         except (RuntimeError, ValueError) as e:  # WebStackMissing and ConfigError are among them
             print(json.dumps({"error": str(e)}))
             return 1

@@ -22,6 +22,7 @@ from each environment instance by the agent loop (:mod:`esopt_mp.envs.base`).
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 import importlib.util
@@ -159,7 +160,7 @@ def build_section(spec: "EnvSpec", data: dict | None, key: str):
     return from_dict(spec.config, data, key)
 
 
-class EnvSpec:
+class EnvSpec(abc.ABC):
     """What the runtime knows of one environment. Subclass it for a built-in; plugins get :class:`FactorySpec`.
 
     ``config``: the dataclass of the ``env.<name>`` section. The methods take that section (an instance of
@@ -174,17 +175,18 @@ class EnvSpec:
     requires: dict[str, str] = {}
     extra: str | None = None
 
+    @abc.abstractmethod
     def build(self, section, *, max_turns: int, sandbox=None):
         """One episode's environment."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def make(self, sandbox=None, **kwargs):
         """An environment from its factory's own keyword arguments (tools and tests)."""
-        raise NotImplementedError
 
     def tasks(self, section, split: str, n: int, seed: int) -> list[dict]:
-        """``n`` tasks of ``split`` ("train" or "eval") from the environment's own source, seeded by ``seed``."""
-        raise NotImplementedError
+        """``n`` tasks of ``split`` ("train" or "eval") from the environment's own source, seeded by ``seed``: what
+        :meth:`splits` draws from, unless a subclass gives its fixed task sets by overriding :meth:`splits`."""
+        raise TypeError(f"{type(self).__name__} overrides neither tasks() nor splits(): it has no task source")
 
     def load(self, section, path: str, n: int) -> list[dict]:
         """The first ``n`` tasks of a JSONL file (``env.train_path`` / ``env.eval_path``)."""

@@ -22,10 +22,15 @@ def _pip(*args):
 
 
 @pytest.fixture(scope="module")
-def example_installed():
-    """``pip install`` of examples/esopt_env_example into the running interpreter's environment, removed after."""
+def example_installed(tmp_path_factory):
+    """``pip install`` of examples/esopt_env_example into the running interpreter's environment, removed after
+    (built from a copy: setuptools' build/ and egg-info stay out of the source tree, and nothing stale is reused)."""
+    import shutil
+
+    src = tmp_path_factory.mktemp("example") / "esopt_env_example"
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     offline = ["--no-build-isolation"] if _has("setuptools") else []  # else pip fetches setuptools to build it
-    p = _pip("install", "--no-deps", *offline, EXAMPLE)
+    p = _pip("install", "--no-deps", *offline, str(src))
     if p.returncode:
         pytest.fail(f"pip install of the example failed: {p.stderr[-2000:]}")
     try:

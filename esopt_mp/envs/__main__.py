@@ -26,6 +26,7 @@ HOSTILE = ("", "\x00\xff<tool_call>{" * 20, "x" * 20000, "<answer></answer>" * 5
 def _section(spec, pairs: list[str], name: str):
     import yaml
 
+    from esopt_mp.config import EnvConfig
     from esopt_mp.envs.registry import build_section
 
     data: dict = {}
@@ -45,27 +46,19 @@ def _section(spec, pairs: list[str], name: str):
                 raise ValueError(f"{key}: {part} is not a mapping")
         node[last] = value
     section = build_section(spec, data, f"env.{name}")
-    spec.validate(section, _Generic(), f"env.{name}")
+    spec.validate(section, EnvConfig(name=name), f"env.{name}")
     return section
 
 
-class _Generic:
-    """The shared ``env`` settings at their defaults (task counts as given), for an environment's checks."""
-
-    def __init__(self, **counts):
-        from esopt_mp.config import EnvConfig
-
-        self.__dict__.update({k: v for k, v in vars(EnvConfig()).items() if k != "sections"}, **counts)
-
-
 def check(name: str, pairs: list[str], replies: list[str], max_turns: int, n_train: int = 2, n_eval: int = 2) -> dict:
+    from esopt_mp.config import EnvConfig
     from esopt_mp.envs.base import InfraError, failure_return, returns_sum
     from esopt_mp.envs.registry import load_spec
 
     spec = load_spec(name)
     section = _section(spec, pairs, name)
     out = {"name": name, "section": spec.to_dict(section), "failure": None}
-    generic = _Generic(n_train=n_train, n_eval=n_eval, episodes_per_step=1, max_turns=max_turns)
+    generic = EnvConfig(name=name, n_train=n_train, n_eval=n_eval, episodes_per_step=1, max_turns=max_turns)
     try:
         spec.check(section, generic, first=True)
     except Exception as e:  # noqa: BLE001 - what training's start-up would refuse

@@ -35,7 +35,8 @@ def main() -> None:
     import torch
 
     from esopt_mp.checkpoint import Checkpointer, load_checkpoint_, save_checkpoint
-    from esopt_mp.es import LocalShard, Perturber, ShardInfo
+    from esopt_mp.es import Perturber
+    from esopt_mp.parallel.shard import LocalShard, ShardInfo
     from esopt_mp.parallel import ParallelDims
 
     torch.set_num_threads(1)

@@ -26,8 +26,7 @@ import re
 
 import torch
 
-from esopt_mp.es.noise import ShardInfo
-from esopt_mp.es.perturber import LocalShard
+from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.models.loading import selected
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

@@ -1,11 +1,11 @@
 """ES numerics: layout-invariant noise, seeds, shaping, schedules and the Perturber."""
-from esopt_mp.es.noise import ShardInfo, fill_, gaussian, local_noise, stream
-from esopt_mp.es.perturber import LocalShard, Perturber, build_local_shards
+from esopt_mp.es.noise import fill_, gaussian, local_noise, stream
+from esopt_mp.es.perturber import Perturber, build_local_shards
 from esopt_mp.es.schedules import Schedule
 from esopt_mp.es.seeds import member_seed, population, splitmix64
 from esopt_mp.es.shaping import shape_returns
 
 __all__ = [
-    "LocalShard", "Perturber", "Schedule", "ShardInfo", "build_local_shards", "fill_", "gaussian",
+    "Perturber", "Schedule", "build_local_shards", "fill_", "gaussian",
     "local_noise", "member_seed", "population", "shape_returns", "splitmix64", "stream",
 ]

@@ -20,7 +20,6 @@ Precision modes (ARCHITECTURE.md s.5):
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
@@ -28,27 +27,12 @@ import torch
 
 from esopt_mp.es.backend import resolve as resolve_backend
 from esopt_mp.es.hostmem import HostCopies
-from esopt_mp.es.noise import ShardInfo, stream
+from esopt_mp.es.noise import stream
+from esopt_mp.parallel.shard import LocalShard, ShardInfo
 
 RESTORE_MODES = ("subtract", "snapshot")
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the Triton kernels' fp32 math; not fp64
 MASTER_MODES = ("none", "fp32_host")
-
-
-@dataclasses.dataclass
-class LocalShard:
-    """A local tensor together with where it sits in its canonical tensor."""
-
-    tensor: torch.Tensor
-    info: ShardInfo
-
-    def __post_init__(self):
-        if tuple(self.tensor.shape) != self.info.local_shape:
-            raise ValueError(f"{self.info.name}: tensor shape {tuple(self.tensor.shape)} != {self.info.local_shape}")
-        if not self.tensor.is_floating_point():
-            raise ValueError(f"{self.info.name}: ES perturbs floating-point tensors, got {self.tensor.dtype}")
-        if not self.tensor.is_contiguous():
-            raise ValueError(f"{self.info.name}: local tensor must be contiguous")
 
 
 def build_local_shards(module: torch.nn.Module, include=None) -> list[LocalShard]:

@@ -15,8 +15,7 @@ import os
 
 import torch
 
-from esopt_mp.es.noise import ShardInfo
-from esopt_mp.es.perturber import LocalShard
+from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.parallel.dims import ParallelDims
 
 log = logging.getLogger(__name__)

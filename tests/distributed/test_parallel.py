@@ -63,7 +63,8 @@ def test_model_output_reward_agrees_to_tp_rounding(layout_results, tiny_model):
     import numpy as np
     from safetensors.torch import load_file
 
-    from esopt_mp.es import ShardInfo, local_noise
+    from esopt_mp.es import local_noise
+    from esopt_mp.parallel.shard import ShardInfo
 
     base = load_file(f"{tiny_model}/model.safetensors")
     cfg = json.load(open(f"{tiny_model}/config.json"))

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from esopt_mp.es import LocalShard, Perturber, ShardInfo
+from esopt_mp.es import Perturber
+from esopt_mp.parallel.shard import LocalShard, ShardInfo
 
 pytestmark = pytest.mark.gpu
 KEY = "allocated_bytes.current"  # torch.cuda.host_memory_stats(): the caching host allocator's bytes

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from esopt_mp import checkpoint as ck
-from esopt_mp.es import LocalShard, Perturber, ShardInfo, member_seed
+from esopt_mp.es import Perturber, member_seed
+from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.parallel import ParallelDims
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from esopt_mp.es import LocalShard, Perturber, ShardInfo, build_local_shards, local_noise, member_seed
+from esopt_mp.es import Perturber, build_local_shards, local_noise, member_seed
+from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.es.precision import ulp_drift, ulp_of
 
 

@@ -16,7 +16,8 @@ import torch
 pytest.importorskip("triton", reason="triton not installed (pip install 'esopt_mp[triton]')")
 
 from esopt_mp.config import ESConfig  # noqa: E402
-from esopt_mp.es import LocalShard, Perturber, ShardInfo, local_noise, member_seed, stream  # noqa: E402
+from esopt_mp.es import Perturber, local_noise, member_seed, stream  # noqa: E402
+from esopt_mp.parallel.shard import LocalShard, ShardInfo  # noqa: E402
 from esopt_mp.es import backend, triton_noise  # noqa: E402
 
 

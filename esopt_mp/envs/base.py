@@ -67,18 +67,6 @@ class Env(Protocol):
     def step(self, assistant_text: str) -> tuple[list[Message], float, bool, bool, dict]: ...
 
 
-def make(name: str, sandbox=None, **kwargs) -> Env:
-    """A new environment instance by name, from its factory's own keyword arguments (tools and tests; the
-    runtime builds episodes from the ``env.<name>`` section through :mod:`esopt_mp.envs.registry`).
-
-    ``sandbox`` (a ``SandboxConfig`` -- the ``env.sandbox`` section -- or a ready ``Sandbox``) reaches the
-    environments that run code; environments that run none (sudoku) do not take it.
-    """
-    from esopt_mp.envs.registry import load_spec
-
-    return load_spec(name).make(sandbox=sandbox, **kwargs)
-
-
 MAX_WORKERS = 64  # sandbox per-call uids are unique among 256 live calls of a process (sandbox/core.py)
 
 
@@ -108,11 +96,3 @@ def call_envs(calls: list[tuple[Env, str, Any]], max_workers: int = 0) -> list[t
         with ThreadPoolExecutor(workers, thread_name_prefix="esopt-env") as ex:
             return list(ex.map(one, calls))
     return [one(c) for c in calls]
-
-
-def registered() -> list[str]:
-    """Every environment name: the built-ins and the installed plugins (nothing is imported)."""
-    from esopt_mp.envs.registry import names
-
-    builtin, plugins = names()
-    return sorted(builtin + plugins)

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def build_model(path: str, arch: str) -> str:
     from esopt_mp.models.tiny import build_tiny_qwen35
-    from esopt_mp.models.tokenizer import build_tokenizer
+    from tools.tiny_agent import build_tokenizer
 
     tok = build_tokenizer(path + ".tok")
     extra = dict(linear_key_head_dim=64, linear_value_head_dim=64) if arch == "qwen3_5" else {}

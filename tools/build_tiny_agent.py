@@ -53,12 +53,15 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     from esopt_mp.envs.sudoku import generate
     from esopt_mp.models.tiny import build_tiny_agent_base
-    from esopt_mp.models.warmstart import encode_examples, train_sft_
+    from tools.tiny_agent import build_tokenizer, encode_examples, train_sft_
 
     t0 = time.perf_counter()
     tmp = args.out + ".build"
     shutil.rmtree(tmp, ignore_errors=True)
-    path = build_tiny_agent_base(tmp, seed=args.seed, **ARCH)
+    shutil.rmtree(tmp + ".tok", ignore_errors=True)
+    build_tokenizer(tmp + ".tok")  # trained on the environments' text (tools/tiny_agent.py)
+    path = build_tiny_agent_base(tmp, seed=args.seed, tokenizer_dir=tmp + ".tok", **ARCH)
+    shutil.rmtree(tmp + ".tok", ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     turns = 2 * args.mask_count

@@ -89,17 +89,24 @@ def build_tiny_qwen35(path: str, seed: int = 0, arch: str = "qwen3_5", **config)
     return path
 
 
-def build_tiny_agent_base(path: str, seed: int = 0, **config) -> str:
-    """Tokenizer (local byte-level BPE, ChatML) plus a tiny Qwen3.5 sized to its vocabulary, in one directory."""
-    from esopt_mp.models.tokenizer import build_tokenizer
+TINY_AGENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny_agent")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def build_tiny_agent_base(path: str, seed: int = 0, tokenizer_dir: str = TINY_AGENT, **config) -> str:
+    """A chat tokenizer plus a randomly initialised tiny Qwen3.5 sized to its vocabulary, in one directory.
+
+    The tokenizer's files are copied from ``tokenizer_dir``: by default the shipped tiny agent's (a local
+    byte-level BPE with the ChatML template, trained on environment text by ``tools/build_tiny_agent.py``).
+    """
+    import shutil
+
+    from transformers import AutoTokenizer
 
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "tokenizer.json")):
         return path
-    tmp = f"{path}.tok{os.getpid()}"
-    tok = build_tokenizer(tmp)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     build_tiny_qwen35(path, seed=seed, vocab_size=len(tok), **config)
-    tok.save_pretrained(path)
-    import shutil
-
-    shutil.rmtree(tmp, ignore_errors=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(path, name))
     return path

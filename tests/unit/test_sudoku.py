@@ -111,7 +111,7 @@ def test_render_and_registry():
 def test_candidate_hints_and_scripted_warm_start_data():
     from transformers import AutoTokenizer
 
-    from esopt_mp.models.warmstart import encode_examples, scripted_episode
+    from tools.tiny_agent import encode_examples, scripted_episode
 
     task = generate(1, 3, size=4, seed=1)[0]
     env = make("sudoku", hints=True, show_original=False)

@@ -11,7 +11,7 @@ import torch
 def build_test_model(path: str, arch: str = "qwen3", tied: bool = False, vocab_size: int = 520) -> str:
     """A tiny chat model vLLM's CPU backend serves: head_dim 32; vocab 520 so vLLM pads it (to 64 rows per tp)."""
     from esopt_mp.models.tiny import build_tiny_qwen35
-    from esopt_mp.models.tokenizer import build_tokenizer
+    from tools.tiny_agent import build_tokenizer
 
     if os.path.isfile(os.path.join(path, "tokenizer.json")):
         return path

@@ -15,7 +15,7 @@ def _worker(rank, world, dp, run_dir, out):
     import esopt_mp.agent.objective as objective
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
-    from tests.unit.test_prompt_run import ScoredEnv, _cfg
+    from tests.integration.test_prompt_run import ScoredEnv, _cfg
 
     torch.set_num_threads(1)
     make, objective.AgentObjective._make_env = objective.AgentObjective._make_env, lambda *a, **kw: ScoredEnv()

@@ -16,7 +16,7 @@ def _worker(rank, world, dp, tp, run_dir, out):
     from esopt_mp.agent.objective import AgentObjective
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
-    from tests.unit.test_prompt_skill_run import AnswerEnv, _cfg
+    from tests.integration.test_prompt_skill_run import AnswerEnv, _cfg
 
     torch.set_num_threads(1)
     real = AgentObjective.skill_hooks

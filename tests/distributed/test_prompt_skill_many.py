@@ -42,7 +42,7 @@ def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
     import esopt_mp.agent.objective as objective
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
-    from tests.unit.test_prompt_skill_run import AnswerEnv, _cfg
+    from tests.integration.test_prompt_skill_run import AnswerEnv, _cfg
 
     torch.set_num_threads(1)
     real, make, asked = objective.generate_texts, objective.AgentObjective._make_env, []

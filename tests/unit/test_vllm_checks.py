@@ -1,14 +1,11 @@
 """engine=vllm's refusals, checked without vLLM: each is one clear line, before any engine starts."""
 import os
-import subprocess
-import sys
 
 import pytest
 
 from esopt_mp.config import ConfigError, build_config
 from esopt_mp.engine.vllm import VLLMUnavailable, check_vllm_request, import_vllm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
 
 
@@ -51,12 +48,15 @@ def test_config_refuses_unknown_engines_and_vllm_baselines():
         build_config({"engine": {"name": "vllm", "weight_sync": "sometimes"}})
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(_vllm_imports(), reason="vLLM imports here: the missing-vLLM path cannot be shown")
 def test_engine_vllm_without_vllm_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "launch/train.py", "engine=vllm", f"run.dir={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: engine.name=vllm needs vLLM"), proc.stderr
-    assert not os.path.exists(os.path.join(tmp_path, "history.jsonl"))
+    """launch/train.py runs preflight before anything is built and prints a RuntimeError as one line, exit 2 (that
+    path, as a user meets it: tests/integration/test_launch.py)."""
+    from esopt_mp.engine.vllm import preflight
+
+    cfg = build_config({"engine": {"name": "vllm"}, "objective": {"name": "agent"},
+                        "model": {"path": "builtin:tiny_agent"}, "run": {"dir": str(tmp_path)}})
+    with pytest.raises(VLLMUnavailable) as e:
+        preflight(cfg)
+    assert isinstance(e.value, RuntimeError) and str(e.value).startswith("engine.name=vllm needs vLLM")
+    assert "\n" not in str(e.value) and not os.listdir(tmp_path)

@@ -143,7 +143,7 @@ def test_subtract_restore_at_dp2_equals_one_process_and_replays(tmp_path):
     from esopt_mp.models import build_tiny_qwen35
     from esopt_mp.parallel import ParallelDims
     from esopt_mp.parallel.spawn import run_world
-    from tests.e2e.resume_workers import subtract_worker
+    from tests.integration.resume_workers import subtract_worker
     from tools.replay import replay
 
     model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, arch="qwen3")  # attention layers: target_logprob runs
@@ -165,7 +165,7 @@ def test_bad_configs_fail_before_any_rollout(tmp_path):
         (_cmd(1, run, ["es.steps=1", "es.seed=99"]), "different configuration"),
         ([sys.executable, "launch/train.py", "env.name=chess", f"run.dir={tmp_path / 'b'}"],
          "env.name: unknown environment"),
-    ]  # a wrong world size and sigma = 0 before anything is built: tests/e2e/test_launch.py
+    ]  # a wrong world size and sigma = 0 before anything is built: tests/integration/test_launch.py
     for cmd, msg in cases:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
         assert p.returncode != 0 and msg in p.stderr, (msg, p.stderr[-1500:])
@@ -179,7 +179,7 @@ def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
     from esopt_mp.models import build_tiny_qwen35
     from esopt_mp.parallel import ParallelDims
     from esopt_mp.parallel.spawn import run_world
-    from tests.e2e.resume_workers import segment_worker
+    from tests.integration.resume_workers import segment_worker
 
     model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
     run, one = str(tmp_path / "run"), ParallelDims(1, 1, 1)

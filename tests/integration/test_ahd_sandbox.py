@@ -7,7 +7,7 @@ import pytest
 from esopt_mp.envs import ahd
 from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
 
-PROBLEMS = [p for p in ahd.known() if p != "bpp_online"]  # online bin packing: tests/unit/test_heuristic_reward.py
+PROBLEMS = [p for p in ahd.known() if p != "bpp_online"]  # online bin packing: tests/integration/test_heuristic_reward.py
 FUNC = {p: ahd.get(p).func_name for p in PROBLEMS}
 # a valid answer whatever the arguments: the first offered node / item, one priority, a matrix of ones
 VALID = {

@@ -17,7 +17,7 @@ def test_a_read_failure_on_one_rank_fails_every_rank_with_the_same_line(tmp_path
     from esopt_mp.parallel import ParallelDims
     from esopt_mp.trainer import ESTrainer
     from tests.distributed.workers import _cfg
-    from tests.e2e.resume_workers import failing_read_worker
+    from tests.integration.resume_workers import failing_read_worker
 
     model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
     run = str(tmp_path / "run")
@@ -42,7 +42,7 @@ def test_close_abandons_a_write_still_inside_its_group(tmp_path):
     left as step_N.tmp, never finalized, and the next save removes it."""
     from esopt_mp import checkpoint as ck
     from esopt_mp.parallel import ParallelDims
-    from tests.e2e.resume_workers import abandoned_save_worker
+    from tests.integration.resume_workers import abandoned_save_worker
     from tests.unit.test_checkpoint import perturber, states_at
 
     run = str(tmp_path / "run")

@@ -12,7 +12,7 @@ from esopt_mp.prompt import ContextStore, context_hash
 from esopt_mp.prompt.skill_edits import parse_skill
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from tests.unit.test_prompt_run import _ledger, _trainer, _weights  # noqa: E402
+from tests.integration.test_prompt_run import _ledger, _trainer, _weights  # noqa: E402
 
 
 class AnswerEnv:

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from esopt_mp.models import build_tiny_qwen35
 from esopt_mp.parallel import ParallelDims
 from esopt_mp.parallel.spawn import run_world
-from tests.e2e import export_workers as W
+from tests.integration import export_workers as W
 
 pytestmark = pytest.mark.slow
 VARIANTS = {f"{arch}_{'tied' if tie else 'untied'}": (arch, tie)

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from esopt_mp.parallel.spawn import run_world
+from tools.local_world import run_world
 
 pytestmark = pytest.mark.slow
 

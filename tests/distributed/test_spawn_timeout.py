@@ -1,6 +1,6 @@
 """run_world kills and reports a world that outlives its timeout (a rank stuck in a collective) instead of hanging."""
 import time, pytest
-from esopt_mp.parallel.spawn import run_world
+from tools.local_world import run_world
 
 def _hang(rank, world, path):
     if rank == 1:

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from esopt_mp.checkpoint import checkpoint_steps
-from esopt_mp.parallel.spawn import free_port
+from tools.local_world import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -142,7 +142,7 @@ def test_subtract_restore_at_dp2_equals_one_process_and_replays(tmp_path):
     included, and the ledger replays to the same weights."""
     from esopt_mp.models import build_tiny_qwen35
     from esopt_mp.parallel import ParallelDims
-    from esopt_mp.parallel.spawn import run_world
+    from tools.local_world import run_world
     from tests.integration.resume_workers import subtract_worker
     from tools.replay import replay
 
@@ -178,7 +178,7 @@ def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
     (seed_hash objective: returns depend on the seed only), the ledger's seeds and returns equal."""
     from esopt_mp.models import build_tiny_qwen35
     from esopt_mp.parallel import ParallelDims
-    from esopt_mp.parallel.spawn import run_world
+    from tools.local_world import run_world
     from tests.integration.resume_workers import segment_worker
 
     model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from esopt_mp.models import build_tiny_qwen35
 from esopt_mp.parallel import ParallelDims
-from esopt_mp.parallel.spawn import run_world
+from tools.local_world import run_world
 from tests.integration import export_workers as W
 
 pytestmark = pytest.mark.slow

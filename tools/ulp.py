@@ -1,4 +1,4 @@
-"""Measuring what low precision does to weights: distances in units in the last place."""
+"""Measuring what low precision does to weights: distances in units in the last place (tests and benchmarks)."""
 from __future__ import annotations
 
 import torch

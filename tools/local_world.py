@@ -1,4 +1,5 @@
-"""Run one function in a local world of N spawned CPU processes (gloo): tests and benchmarks."""
+"""Run one function in a local world of N spawned CPU processes (gloo): tests and benchmarks, not the trainer
+(launch/train.py reads its world from the launcher: :mod:`esopt_mp.parallel.launcher`)."""
 from __future__ import annotations
 
 import os

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from esopt_mp.engine.base import EngineStats, Generation, eos_ids, pad_id, reply_text
 from esopt_mp.engine.cache import extract_row, select_rows, stack
 from esopt_mp.engine.prefill import plan_prefill
 from esopt_mp.engine.sampling import SamplingParams, check_caps, sample
@@ -30,30 +31,6 @@ class Conversation:
     ids: list[int] = dataclasses.field(default_factory=list)
     cache: object = None
     cached: int = 0  # tokens of ``ids`` already in ``cache``
-
-
-@dataclasses.dataclass
-class Generation:
-    token_ids: list[int]
-    text: str
-    finish: str  # eos | stop | length
-    prefill_tokens: int
-    seconds: float
-
-
-@dataclasses.dataclass
-class EngineStats:
-    prefill_tokens: int = 0  # real tokens prefilled
-    decode_tokens: int = 0
-    forward_calls: int = 0
-    prefill_calls: int = 0
-    prefill_padded_tokens: int = 0  # tokens the prefill forwards processed, padding included
-    reencoded_rows: int = 0  # rows prefilled from an empty cache (first turn, no reuse, or chosen by cost)
-    delta_rows: int = 0  # rows prefilled from their own cache (only the new tokens)
-
-    def reset(self):
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, 0)
 
 
 def cache_kwarg(model) -> str:
@@ -71,29 +48,9 @@ def cache_kwarg(model) -> str:
     raise TypeError(f"{type(model).__name__}.forward takes neither cache nor past_key_values: no KV cache to reuse")
 
 
-def reply_text(tokenizer, eos: set[int], ids: list[int], stop) -> str:
-    """A reply's text as the environment sees it (both engines): EOS tokens dropped, cut at the first stop string."""
-    text = tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=False)
-    for s in stop:
-        k = text.find(s)
-        if k >= 0:
-            text = text[:k]
-    return text
-
-
-def eos_ids(tokenizer, extra=None) -> set[int]:
-    """Token ids that end a reply: ChatML's <|im_end|>, <|endoftext|>, the tokenizer's eos (both engines)."""
-    eos = set(extra or [])
-    for tok in ("<|im_end|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
-            eos.add(tid)
-    if tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
-    return eos
-
-
 class HFEngine:
+    """The :class:`~esopt_mp.engine.base.Engine` on a transformers model (prefix reuse, batched prefill)."""
+
     def __init__(self, model, tokenizer, *, prefix_reuse: bool = True, eos_token_ids=None,
                  prefill_call_tokens: int = 256):
         """``prefill_call_tokens``: what one forward call costs in prefilled tokens (the prefill plan's cost model)."""
@@ -102,7 +59,7 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.prefix_reuse = prefix_reuse
         self.prefill_call_tokens = prefill_call_tokens
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.pad_id = pad_id(tokenizer)
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model)
         self.eos = eos_ids(tokenizer, eos_token_ids)
@@ -112,6 +69,9 @@ class HFEngine:
         g = torch.Generator()
         g.manual_seed(seed & ((1 << 63) - 1))
         return Conversation(cid, g)
+
+    def close(self) -> None:
+        """Nothing to shut down: the model belongs to the trainer."""
 
     def _new_cache(self):
         from transformers import DynamicCache

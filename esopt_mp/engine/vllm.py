@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from esopt_mp.engine.hf import EngineStats, Generation, eos_ids, reply_text
+from esopt_mp.engine.base import EngineStats, Generation, eos_ids, pad_id, reply_text
 from esopt_mp.engine.sampling import check_caps
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Conversation:
 
 
 class VLLMEngine:
-    """The agent loop's engine interface (``new_conversation``, ``generate``) on a vLLM ``LLM``.
+    """The :class:`~esopt_mp.engine.base.Engine` on a vLLM ``LLM``.
 
     Every turn submits each live conversation's whole history as token ids
     (prefix caching is off, so vLLM prefills it; ``stats`` counts it).
@@ -141,6 +141,7 @@ class VLLMEngine:
         _, self._SamplingParams = import_vllm()
         self.llm, self.tokenizer, self.weights = llm, tokenizer, weights
         self.eos = eos_ids(tokenizer)
+        self.pad_id = pad_id(tokenizer)
         self.stats = EngineStats()
 
     def new_conversation(self, cid: int, seed: int) -> Conversation:
@@ -155,7 +156,7 @@ class VLLMEngine:
 
     def generate(self, convs: list[Conversation], new_ids: list[list[int]], params,
                  max_new: list[int] | None = None) -> list[Generation]:
-        """As :meth:`HFEngine.generate`: ``max_new`` caps each row's reply below ``params.max_new_tokens``."""
+        """As :meth:`esopt_mp.engine.base.Engine.generate`: ``max_new`` caps rows below ``params.max_new_tokens``."""
         caps = check_caps(max_new, len(convs), params.max_new_tokens)
         if self.weights is not None:
             self.weights.flush()

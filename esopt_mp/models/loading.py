@@ -3,12 +3,12 @@
 transformers' native tensor parallelism (``DistributedConfig``) builds its
 mesh over the *whole* world. ES needs TP inside each data-parallel group, so
 :func:`load_model` hands transformers a mesh manager whose ``tp`` view is this
-rank's dp group; everything else (the model's own ``base_model_tp_plan``,
+rank's dp group (:mod:`esopt_mp.models.transformers_patch`, the one patch of a
+transformers class); everything else (the model's own ``base_model_tp_plan``,
 sharded loading, DTensor parameters) is transformers' code path unchanged.
 """
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import logging
 import os
@@ -30,34 +30,6 @@ def _as_dtensor(p):
     return d if isinstance(d, DTensor) else None
 
 
-@contextlib.contextmanager
-def _tp_mesh_for_transformers(dims: ParallelDims, distributed_config):
-    """Make ``from_pretrained`` shard over ``dims``' tp sub-mesh instead of the whole world."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from transformers import modeling_utils
-    from transformers.distributed.utils import TransformersDeviceMesh
-
-    shape = (1, dims.dp, 1, dims.tp)
-    dense = init_device_mesh(dims.device_type, shape, mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp"))
-    expert = init_device_mesh(dims.device_type, shape, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep"))
-    manager = TransformersDeviceMesh(dense, expert)
-    cls = modeling_utils.PreTrainedModel
-    original = cls.__dict__.get("prepare_distribute_model")  # may live on a mixin base
-
-    def prepare(klass, config, device_map=None):
-        device_map = torch.device("cuda", torch.cuda.current_device()) if dims.device_type == "cuda" else None
-        return distributed_config, device_map, manager
-
-    cls.prepare_distribute_model = classmethod(prepare)
-    try:
-        yield
-    finally:
-        if original is None:
-            del cls.prepare_distribute_model
-        else:
-            cls.prepare_distribute_model = original
-
-
 def load_model(path: str, dims: ParallelDims, dtype: str = "float32"):
     """``AutoModelForCausalLM`` from a local directory: sharded when tp > 1, else whole on every rank."""
     from transformers import AutoModelForCausalLM
@@ -70,8 +42,10 @@ def load_model(path: str, dims: ParallelDims, dtype: str = "float32"):
     if dims.tp > 1:
         from transformers.distributed import DistributedConfig
 
+        from esopt_mp.models.transformers_patch import patch_transformers_tp_mesh
+
         dc = DistributedConfig(tp_size=dims.tp)
-        with _tp_mesh_for_transformers(dims, dc):
+        with patch_transformers_tp_mesh(dims, dc):
             model = AutoModelForCausalLM.from_pretrained(path, distributed_config=dc, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

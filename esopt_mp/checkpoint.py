@@ -19,7 +19,8 @@ whose files match it, so a kill at any point of a save, or a later
 truncation, falls back to the previous complete checkpoint (or to base + full
 replay).
 
-A run directory is data: nothing read from it is unpickled. DCP's pickled
+Loading a checkpoint into this mesh and resuming (checkpoint + ledger replay) live in
+:mod:`esopt_mp.resume`. A run directory is data: nothing read from it is unpickled. DCP's pickled
 ``.metadata`` is replaced by ``chunks.json`` (:func:`~esopt_mp.dcp_boxes.metadata_to_json`),
 from which loads rebuild DCP's metadata; the tensors are read with torch's
 weights-only loader.
@@ -37,10 +38,9 @@ import warnings
 
 import torch
 
-from esopt_mp.dcp_boxes import (JsonMetadataReader, box_state_dict, check_coverage, metadata_from_json,
-                                 metadata_to_json)
-from esopt_mp.identity import diff_identity, file_sha256
-from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir, updates_digest
+from esopt_mp.dcp_boxes import box_state_dict, metadata_from_json, metadata_to_json
+from esopt_mp.identity import file_sha256
+from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -50,8 +50,8 @@ FORMAT = 3  # 1: per-tp-rank safetensors files; 2: DCP with its pickled metadata
 # DCP warns on every single-process save/load that it assumes one process: that is the intent here (one writer)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 __all__ = ["LEDGER", "Ledger", "LedgerError", "CheckpointError", "CheckpointMismatch", "CheckpointReadError",
-           "Checkpointer", "dcp_metadata", "save_checkpoint", "checkpoint_steps", "load_checkpoint_",
-           "prune_checkpoints", "replay_", "restore_run_", "agree_on_failure"]
+           "Checkpointer", "check_checkpoint", "dcp_metadata", "save_checkpoint", "checkpoint_steps",
+           "prune_checkpoints"]
 
 
 class CheckpointError(ValueError):
@@ -67,14 +67,14 @@ class CheckpointMismatch(ValueError):
     onto this mesh): never loaded, never skipped silently."""
 
 
-def _dcp_failure():
+def dcp_failures():
     """DCP reports a failed save/load as ``CheckpointException``, a BaseException: caught with the Exceptions."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     return (Exception, CheckpointException)
 
 
-def _describe(e: BaseException) -> str:
+def describe_failure(e: BaseException) -> str:
     """One line for an error, DCP's per-rank failures unpacked (its own str is a multi-line traceback)."""
     failures = getattr(e, "failures", None)
     if isinstance(failures, dict) and failures:
@@ -209,7 +209,7 @@ class Checkpointer:
                 future = concurrent.futures.Future()
                 try:
                     future.set_result(write_shards(*args))
-                except _dcp_failure() as e:  # reported in wait(), agreed on by every rank
+                except dcp_failures() as e:  # reported in wait(), agreed on by every rank
                     future.set_exception(e)
         self._pending = (step, tmp, final, future, updates)
         return final
@@ -234,8 +234,8 @@ class Checkpointer:
         if future is not None:
             try:
                 future.result()
-            except _dcp_failure() as e:
-                err = _describe(e)
+            except dcp_failures() as e:
+                err = describe_failure(e)
                 log.error("rank %d: writing the checkpoint of step %d failed: %s", self.dims.rank, step, err)
         if not self.dims.comm.any(err is not None) and self.dims.rank == 0:
             try:  # rank 0's manifest and rename can fail too (disk full): the others must hear it, not hang
@@ -351,123 +351,3 @@ def prune_checkpoints(run_dir: str, keep: int, newest: int) -> list[str]:
         fsync_dir(_ckpt_root(run_dir))
         log.info("pruned %d checkpoint director%s", len(removed), "y" if len(removed) == 1 else "ies")
     return removed
-
-
-def check_identity(man: dict, path: str, identity: dict | None) -> None:
-    """Refuse a checkpoint written under another configuration, naming what differs."""
-    if identity is None or "config_hash" not in man or man["config_hash"] == identity["hash"]:
-        return
-    what = diff_identity(man.get("identity") or {}, identity["fields"]) or "the config hash"
-    raise CheckpointMismatch(f"{path} was written by another configuration ({what}); it belongs to another run: "
-                             "use that run's config, or a new run.dir")
-
-
-def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = None,
-                     updates: str | None = None) -> None:
-    """Load this rank's boxes from a checkpoint saved at any dp x tp layout (DCP reads only the chunks needed).
-
-    ``updates``: this ledger's :func:`~esopt_mp.ledger.updates_digest` up to the
-    checkpoint's step; another run's checkpoint is refused as a CheckpointError.
-    Every check (manifest, identity, ledger tie, names, global shapes, coverage of each
-    box by the saved chunks, SHA-256 of the files this rank reads) runs before
-    any weight is written; failures raise :class:`CheckpointError` (or
-    :class:`CheckpointMismatch`) and leave the weights untouched. No collective:
-    each rank reads on its own.
-    """
-    import torch.distributed.checkpoint as dcp
-
-    man = check_checkpoint(path)
-    check_identity(man, path, identity)
-    tie = man.get("updates_sha256")
-    if updates and tie and tie != updates:
-        raise CheckpointError(f"{path} was written by another run's ledger (its updates differ from this run's "
-                              f"first {man['step']} steps)")
-    check_checkpoint(path, [CHUNKS], digest=True)
-    md = dcp_metadata(path)
-    try:
-        files = check_coverage(md, perturber.shards, path)
-    except ValueError as e:  # an intact checkpoint that is not of this model/selection/mesh: refuse, do not skip
-        raise CheckpointMismatch(f"{e}; move {path} aside to resume from an older checkpoint or the ledger") from None
-    check_checkpoint(path, sorted(files), digest=True)
-    states = perturber.state_tensors()
-    try:
-        with torch.no_grad():
-            dcp.load(box_state_dict(perturber.shards, states), storage_reader=JsonMetadataReader(path, md),
-                     no_dist=True)
-    except _dcp_failure() as e:  # a read error after the checks: the weights may be partly written; the
-        raise CheckpointReadError(f"{path}: reading failed ({_describe(e)})") from None  # the caller reloads
-    perturber.load_state_(states)  # in place: copies the master back to the device, drops a stale snapshot
-
-
-def agree_on_failure(dims, error: Exception | None, what: str) -> None:
-    """One verdict for all ranks: if any rank's ``error`` is set, every rank raises the same line, at once.
-
-    One all-gather of each rank's error line (None when it succeeded),
-    called by every rank before any may enter the next collective: a rank
-    that failed alone would otherwise leave its peers waiting in that
-    collective for ``parallel.timeout_s``. The lowest failing rank's error
-    decides the line and the class (one of this module's, else RuntimeError). One process: ``error`` as it is.
-    """
-    if dims.world_size == 1:
-        if error is not None:
-            raise error
-        return
-    line = None if error is None else (type(error).__name__, str(error))
-    failed = [(r, x) for r, x in enumerate(dims.comm.all_gather_object(line)) if x is not None]
-    if not failed:
-        return
-    rank, (name, msg) = failed[0]
-    others = f" (and {len(failed) - 1} other rank{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
-    cls = {c.__name__: c for c in (CheckpointError, CheckpointReadError, CheckpointMismatch, LedgerError)}.get(
-        name, RuntimeError)
-    raise cls(f"{what} failed on rank {rank}{others}: {msg}") from error
-
-
-def replay_(perturber, entries: list[dict], exact_restore: bool | None = None) -> None:
-    """Re-apply the ledger's steps as the run did, without rollouts: bit-identical to the original steps.
-
-    Each step's update, and where restoring a member is not exact
-    (``exact_restore`` False: es.restore=subtract without the fp32 master;
-    None: the perturber's own mode) also every member's perturb and restore,
-    in member order, as every rank of the run applied them: their rounding is
-    part of the run's weights. Noise passes only.
-    """
-    exact = perturber.exact_restore if exact_restore is None else exact_restore
-    for e in entries:
-        sigma = e.get("sigma", 0.0)
-        if not exact and sigma > 0.0:
-            for seed, sign in zip(e["seeds"], e["signs"]):
-                perturber.perturb(seed, sigma, sign)
-                perturber.restore()
-        if e["alpha"] > 0.0:
-            perturber.update(e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0))
-
-
-def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpoint: bool = True,
-                 identity: dict | None = None, exact_restore: bool | None = None) -> int:
-    """Bring the weights to the end of ``entries``: newest loadable checkpoint (if wanted) + ledger replay.
-
-    A checkpoint that fails its checks, or was written against another ledger
-    (its ``updates_sha256`` differs from this ledger's first ``step``
-    updates), is skipped for the previous one; with none left the replay
-    starts from the base weights. Restoring is local to each rank (no
-    collective), so ranks may even fall back differently and still agree;
-    a rank that fails raises alone, and the caller makes every rank agree
-    (:func:`agree_on_failure`). ``exact_restore``: see :func:`replay_`.
-    Returns the step the checkpoint covered (0 without one).
-    """
-    done, dirty = 0, None
-    for step, path in reversed(checkpoint_steps(run_dir, len(entries)) if use_checkpoint else []):
-        try:
-            load_checkpoint_(path, perturber, dims, identity, updates_digest(entries[:step]).hexdigest()[:16])
-        except CheckpointError as e:
-            log.warning("checkpoint of step %d not loaded, trying an older one: %s", step, e)
-            if isinstance(e, CheckpointReadError):
-                dirty = e
-            continue
-        done = step
-        break
-    if dirty is not None and done == 0:  # no checkpoint replaced what the failed read wrote: base is gone
-        raise CheckpointError(f"{dirty}; no older checkpoint could replace the partly read weights: rerun")
-    replay_(perturber, entries[done:], exact_restore)
-    return done

@@ -1,7 +1,7 @@
 """Reading a checkpoint's tensors whole: the HF export of a run (safetensors, the base model's layout) and tools.
 
-Saving, loading into a mesh and resume live in :mod:`esopt_mp.checkpoint`; this reads its DCP format back
-into plain tensors, one base file (or one whole checkpoint) at a time.
+Saving lives in :mod:`esopt_mp.checkpoint`, loading into a mesh and resume in :mod:`esopt_mp.resume`; this reads
+its DCP format back into plain tensors, one base file (or one whole checkpoint) at a time.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ rebuilds DCP's ``Metadata`` after checking every field, and
 :class:`JsonMetadataReader` hands it to ``dcp.load``; the pickle is never read.
 The chunks themselves are read by DCP with torch's weights-only loader.
 
-No collective here: saving and loading are driven by :mod:`esopt_mp.checkpoint`.
+No collective here: saving and loading are driven by :mod:`esopt_mp.checkpoint` and :mod:`esopt_mp.resume`.
 """
 from __future__ import annotations
 

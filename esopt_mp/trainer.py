@@ -23,7 +23,8 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, agree_on_failure, checkpoint_steps, restore_run_
+from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps
+from esopt_mp.resume import agree_on_failure, restore_run_
 from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.envs.base import FAILURE_KINDS

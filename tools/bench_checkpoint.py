@@ -34,7 +34,8 @@ def main() -> None:
         ap.error("--mib, --tensors and --repeats must be >= 1")
     import torch
 
-    from esopt_mp.checkpoint import Checkpointer, load_checkpoint_, save_checkpoint
+    from esopt_mp.checkpoint import Checkpointer, save_checkpoint
+    from esopt_mp.resume import load_checkpoint_
     from esopt_mp.es import Perturber
     from esopt_mp.parallel.shard import LocalShard, ShardInfo
     from esopt_mp.parallel import ParallelDims

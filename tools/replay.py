@@ -24,7 +24,8 @@ def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = 
     """Base + ledger -> HF directory; ``use_checkpoint`` starts from the newest checkpoint (any tp layout) instead."""
     from transformers import AutoTokenizer
 
-    from esopt_mp.checkpoint import Ledger, restore_run_
+    from esopt_mp.checkpoint import Ledger
+    from esopt_mp.resume import restore_run_
     from esopt_mp.es import Perturber
     from esopt_mp.models import build_shards, load_model
     from esopt_mp.models.export import export_hf

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from esopt_mp import checkpoint as ck
+from esopt_mp import resume
 from tests.unit.test_checkpoint import DIMS, ROOT, _equal, entries, full_state, perturber, states_at
 
 
@@ -64,9 +65,9 @@ def test_sigkill_during_save_resumes_exactly(tmp_path, point, loaded):
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     ref = states_at(4)
     pert = perturber(full_state())
-    assert ck.restore_run_(run, pert, DIMS, entries(4)) == loaded
+    assert resume.restore_run_(run, pert, DIMS, entries(4)) == loaded
     assert _equal(pert, ref[4])
     ck.save_checkpoint(run, 4, pert, DIMS, keep=1)  # the resumed run saves again: leftovers go
     assert os.listdir(os.path.join(run, "ckpt")) == ["step_000004"]
     pert = perturber(full_state())
-    assert ck.restore_run_(run, pert, DIMS, entries(4)) == 4 and _equal(pert, ref[4])
+    assert resume.restore_run_(run, pert, DIMS, entries(4)) == 4 and _equal(pert, ref[4])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from esopt_mp import checkpoint as ck
+from esopt_mp import resume
 from esopt_mp.es import Perturber, member_seed
 from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.parallel import ParallelDims
@@ -76,7 +77,7 @@ def states_at(n):
     p = perturber(full_state())
     out = [{s.info.name: s.tensor.clone() for s in p.shards}]
     for e in entries(n):
-        ck.replay_(p, [e])
+        resume.replay_(p, [e])
         out.append({s.info.name: s.tensor.clone() for s in p.shards})
     return out
 
@@ -92,7 +93,7 @@ def test_elastic_load_assembles_each_box_from_any_layout(tmp_path, save_tp, load
     path = save_layout(str(tmp_path), 3, ref, save_tp)
     for r in range(load_tp):
         p = perturber(full_state(2), load_tp, r, master)
-        ck.load_checkpoint_(path, p)
+        resume.load_checkpoint_(path, p)
         want = box(ref, p)
         assert _equal(p, want), (save_tp, load_tp, r)
         if master == "fp32_host":
@@ -105,11 +106,11 @@ def test_load_refuses_missing_tensor_and_other_global_shape_before_writing(tmp_p
     p.shards.append(LocalShard(torch.zeros(3), ShardInfo.full("extra", (3,))))
     before = [s.tensor.clone() for s in p.shards]
     with pytest.raises(ck.CheckpointMismatch, match="no tensor extra"):
-        ck.load_checkpoint_(path, p)
+        resume.load_checkpoint_(path, p)
     assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
     q = Perturber([LocalShard(torch.zeros(10, 13), ShardInfo.full("w", (10, 13)))])
     with pytest.raises(ck.CheckpointMismatch, match=r"global shape \(10, 12\)"):
-        ck.load_checkpoint_(path, q)
+        resume.load_checkpoint_(path, q)
 
 
 def test_layout_that_cannot_map_is_refused_before_writing(tmp_path):
@@ -133,10 +134,10 @@ def test_layout_that_cannot_map_is_refused_before_writing(tmp_path):
     before = [s.tensor.clone() for s in p.shards]
     with pytest.raises(ck.CheckpointMismatch, match=r"w cover 0 of the 60 elements .*cannot map onto the current mesh"
                                                     r".*move .* aside"):
-        ck.load_checkpoint_(final, p)
+        resume.load_checkpoint_(final, p)
     assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
     with pytest.raises(ck.CheckpointMismatch):
-        ck.restore_run_(str(tmp_path), p, DIMS, entries(1))
+        resume.restore_run_(str(tmp_path), p, DIMS, entries(1))
 
 
 def test_checkpoint_of_another_configuration_is_refused_naming_the_difference(tmp_path):
@@ -148,11 +149,11 @@ def test_checkpoint_of_another_configuration_is_refused_naming_the_difference(tm
     p = perturber(full_state(2))
     before = [s.tensor.clone() for s in p.shards]
     with pytest.raises(ck.CheckpointMismatch, match=r"es.population 4 -> 8; es.sigma.start 0.01 -> "):
-        ck.load_checkpoint_(path, p, identity=mine)
+        resume.load_checkpoint_(path, p, identity=mine)
     with pytest.raises(ck.CheckpointMismatch):  # not skipped for an older one: it is another run's
-        ck.restore_run_(str(tmp_path), p, DIMS, entries(1), identity=mine)
+        resume.restore_run_(str(tmp_path), p, DIMS, entries(1), identity=mine)
     assert all(torch.equal(a, s.tensor) for a, s in zip(before, p.shards))
-    ck.load_checkpoint_(path, p, identity=other)
+    resume.load_checkpoint_(path, p, identity=other)
     assert _equal(p, box(full_state(1), p))
 
 
@@ -163,7 +164,7 @@ def test_format_1_checkpoint_is_skipped_for_the_ledger(tmp_path):
     json.dump(dict(man, format=1), open(os.path.join(path, ck.MANIFEST), "w"))
     assert ck.checkpoint_steps(str(tmp_path)) == []
     p = perturber(full_state())
-    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(2)) == 0 and _equal(p, ref[2])
+    assert resume.restore_run_(str(tmp_path), p, DIMS, entries(2)) == 0 and _equal(p, ref[2])
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "missing_file", "tmp_only"])
@@ -188,11 +189,11 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage):
     else:
         os.rename(newest, newest + ".tmp")
     p = perturber(full_state())
-    assert ck.restore_run_(run, p, DIMS, entries(4)) == 2
+    assert resume.restore_run_(run, p, DIMS, entries(4)) == 2
     assert _equal(p, ref[4])
     os.truncate(os.path.join(run, "ckpt", "step_000002", DATA), 50)  # both damaged: base + replay
     p = perturber(full_state())
-    assert ck.restore_run_(run, p, DIMS, entries(4)) == 0
+    assert resume.restore_run_(run, p, DIMS, entries(4)) == 0
     assert _equal(p, ref[4])
 
 
@@ -221,7 +222,7 @@ def test_save_checkpoint_single_rank_writes_manifest_and_prunes(tmp_path):
     assert man["step"] == 3 and man["layout"] == {"dp": 1, "tp": 1} and set(man["files"]) == {DATA, ck.CHUNKS}
     assert not os.path.exists(os.path.join(tmp_path, "ckpt", "step_000003", ck.DCP_METADATA))  # no pickle kept
     p = perturber(full_state())
-    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(3)) == 3 and _equal(p, ref[3])
+    assert resume.restore_run_(str(tmp_path), p, DIMS, entries(3)) == 3 and _equal(p, ref[3])
 
 
 def test_resaving_a_step_replaces_it_and_leaves_no_leftover(tmp_path):
@@ -230,7 +231,7 @@ def test_resaving_a_step_replaces_it_and_leaves_no_leftover(tmp_path):
     ck.save_checkpoint(str(tmp_path), 2, perturber(ref[2]), DIMS)
     assert os.listdir(os.path.join(tmp_path, "ckpt")) == ["step_000002"]
     p = perturber(full_state())
-    assert ck.restore_run_(str(tmp_path), p, DIMS, entries(2)) == 2 and _equal(p, ref[2])
+    assert resume.restore_run_(str(tmp_path), p, DIMS, entries(2)) == 2 and _equal(p, ref[2])
 
 
 def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path):
@@ -243,7 +244,7 @@ def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path
         c = ck.Checkpointer(str(tmp_path), DIMS, keep=0, async_save=True)
         c.save(2, p)
         assert ck.checkpoint_steps(str(tmp_path)) == []  # not complete before wait()
-        ck.replay_(p, entries(4)[2:])  # steps 3 and 4 run during the write
+        resume.replay_(p, entries(4)[2:])  # steps 3 and 4 run during the write
         gate.set()
         assert c.wait().endswith("step_000002")
         c.save(4, p)
@@ -254,7 +255,7 @@ def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path
     assert [s for s, _ in ck.checkpoint_steps(str(tmp_path))] == [2, 4]
     for step in (2, 4):
         q = perturber(full_state(9))
-        ck.load_checkpoint_(os.path.join(tmp_path, "ckpt", f"step_{step:06d}"), q)
+        resume.load_checkpoint_(os.path.join(tmp_path, "ckpt", f"step_{step:06d}"), q)
         assert _equal(q, ref[step])
 
 
@@ -312,10 +313,10 @@ def test_dcp_read_failure_falls_back_and_says_when_it_cannot(tmp_path, monkeypat
 
     monkeypatch.setattr(fs.FileSystemReader, "read_data", first_fails)
     p = perturber(full_state())
-    assert ck.restore_run_(run, p, DIMS, entries(4)) == 2 and _equal(p, ref[4])
+    assert resume.restore_run_(run, p, DIMS, entries(4)) == 2 and _equal(p, ref[4])
     _fail_dcp(monkeypatch, "read")
     with pytest.raises(ck.CheckpointError, match="reading failed .*no older checkpoint could replace .*rerun"):
-        ck.restore_run_(run, perturber(full_state()), DIMS, entries(4))
+        resume.restore_run_(run, perturber(full_state()), DIMS, entries(4))
 
 
 def test_checkpoint_of_another_ledger_is_skipped(tmp_path):
@@ -328,7 +329,7 @@ def test_checkpoint_of_another_ledger_is_skipped(tmp_path):
         c.save(step, perturber(ref[step]), updates_digest(ents[:step]).hexdigest()[:16])
         c.wait()
     p = perturber(full_state())
-    assert ck.restore_run_(run, p, DIMS, mine) == 2 and _equal(p, ref[4])
+    assert resume.restore_run_(run, p, DIMS, mine) == 2 and _equal(p, ref[4])
 
 
 def test_poll_finalizes_a_finished_background_write_at_the_next_step(tmp_path):
@@ -408,7 +409,7 @@ def test_a_planted_metadata_pickle_is_never_loaded(tmp_path):
     assert not os.path.exists(os.path.join(path, ck.DCP_METADATA))  # the save keeps no pickle
     _plant(path, marker, manifest_too=True)
     p = perturber(full_state())
-    assert ck.restore_run_(run, p, DIMS, entries(4)) == 2 and _equal(p, ref[4])  # loaded, exact
+    assert resume.restore_run_(run, p, DIMS, entries(4)) == 2 and _equal(p, ref[4])  # loaded, exact
     got = read_checkpoint(path)
     assert all(torch.equal(got[k], ref[2][k]) for k in ref[2])
     base = tmp_path / "base"
@@ -421,9 +422,9 @@ def test_a_planted_metadata_pickle_is_never_loaded(tmp_path):
     _plant(path, marker, fmt=2)
     assert ck.checkpoint_steps(run) == []
     with pytest.raises(ck.CheckpointError, match=r"format 2 .*a pickled \.metadata is never read.*ledger replays"):
-        ck.load_checkpoint_(path, perturber(full_state()))
+        resume.load_checkpoint_(path, perturber(full_state()))
     p = perturber(full_state())
-    assert ck.restore_run_(run, p, DIMS, entries(4)) == 0 and _equal(p, ref[4])
+    assert resume.restore_run_(run, p, DIMS, entries(4)) == 0 and _equal(p, ref[4])
     assert not os.path.exists(marker)
 
 
@@ -455,9 +456,9 @@ def test_a_tampered_chunk_description_is_refused_and_skipped(tmp_path, field, va
     man["files"][ck.CHUNKS] = {"bytes": os.path.getsize(f), "sha256": file_sha256(f)}
     json.dump(man, open(os.path.join(path, ck.MANIFEST), "w"))
     with pytest.raises(ck.CheckpointError, match=msg):
-        ck.load_checkpoint_(path, perturber(full_state()))
+        resume.load_checkpoint_(path, perturber(full_state()))
     p = perturber(full_state())
-    assert ck.restore_run_(run, p, DIMS, entries(4)) == 2 and _equal(p, ref[4])
+    assert resume.restore_run_(run, p, DIMS, entries(4)) == 2 and _equal(p, ref[4])
 
 
 def test_overlapping_chunks_are_refused():

@@ -113,7 +113,8 @@ def test_checkpoint_of_fused_pieces_loads_into_whole_tensors_and_back(tmp_path):
     """A rank whose runtime tensors hold several boxes of one canonical tensor (Qwen3.5's in_proj_qkv, conv1d in
     vLLM) saves them as DCP chunks of the canonical tensor; the checkpoint loads into the hf engine's whole tensors
     and back."""
-    from esopt_mp.checkpoint import load_checkpoint_, save_checkpoint
+    from esopt_mp.checkpoint import save_checkpoint
+    from esopt_mp.resume import load_checkpoint_
     from esopt_mp.checkpoint_export import export_checkpoint
     from esopt_mp.parallel import ParallelDims
 

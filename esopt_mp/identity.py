@@ -1,8 +1,7 @@
-"""Content identities: file digests and a model directory's fingerprint (no path enters either).
+"""A run's identity: the config hash of what determines its weights, by content (no path enters it).
 
-A run's config hash must not change when the same model or task file is found
-under another path (another node's mount, ``ESOPT_DATA``), and must change when
-their content does.
+The hash must not change when the same model or task file is found under another path (another node's mount,
+``ESOPT_DATA``), and must change when their content does. Checkpoints and the ledger store it; a resume compares it.
 """
 from __future__ import annotations
 
@@ -82,3 +81,99 @@ def diff_identity(old: dict, new: dict, limit: int = 6) -> str:
     if len(keys) > limit:
         parts.append(f"and {len(keys) - limit} more")
     return "; ".join(parts)
+
+
+def digest(fields: dict) -> str:
+    """The config hash of a nested dict of hashed settings (16 hex digits of a SHA-256 of its sorted JSON)."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_hash(cfg, model_dir: str | None = None) -> str:
+    """The hash of what determines a run's weights (:func:`identity_fields`); a requeue may change anything else.
+
+    ``cfg``: a :class:`~esopt_mp.config.TrainConfig`; ``model_dir``: the resolved model directory, if any.
+    """
+    return digest(identity_fields(cfg, model_dir))
+
+
+def config_identity(cfg, model_dir: str | None = None) -> dict:
+    """{"hash": :func:`config_hash`, "fields": the hashed settings as dotted keys}: stored so a refusal names them."""
+    d = identity_fields(cfg, model_dir)
+    flat: dict = {}
+
+    def walk(prefix: str, v) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else k, x)
+        else:
+            flat[prefix] = v
+
+    walk("", d)
+    return {"hash": digest(d), "fields": flat}
+
+
+def identity_fields(cfg, model_dir: str | None = None) -> dict:
+    """What determines the weights, as a nested dict: a requeue may change anything else (layout, eval, paths).
+
+    In: ``es.*`` (seed, population, schedules, shaping, precision modes,
+    selection), ``model.dtype``, the model by content (fingerprint of
+    ``model_dir``, the resolved model directory, else of ``model.path``;
+    ``model.tiny`` when the tiny model is built), ``objective.*``, the
+    training tasks by content (SHA-256 of ``env.train_path``, or the
+    generator settings ``n_train``/``task_seed``), the named environment's section as its spec hashes it
+    (``EnvSpec.identity``; not the sections of other environments),
+    every other ``env.*`` setting that shapes training returns (``max_episode_tokens`` when set: 0 keeps the
+    hash of runs from before it),
+    ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and
+    ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
+    Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
+    tests/distributed), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
+    test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
+    test_compiled_kernel_is_bit_identical_to_eager, test_perturb_restore_update_equal_eager), held-out evaluation
+    (``env.n_eval``/``eval_path``/``eval_repeats``/``eval_temperature``:
+    training tasks never depend on them), ``env.episode_timeout_s`` and ``env.env_workers`` (wall clock and
+    threads: a requeue on other hardware may need other values), the sandbox's isolation level
+    (``env.sandbox.level``/``min_level``: a requeue may land on a node with
+    another level; the limits stay in) and every path string.
+    """
+    d = cfg.to_dict()
+    d.pop("run")
+    d.pop("parallel")
+    for k in ("chunk_elems", "noise_backend"):
+        d["es"].pop(k)
+    eng = d["engine"]  # the engine's rollout settings; not where the weights live nor how fast it serves
+    for k in ("weight_sync", "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "max_model_len"):
+        eng.pop(k)
+    if eng["name"] != "hf":
+        eng.pop("prefix_reuse")
+    tiny = d["model"]["tiny"]
+    if tiny["arch"] == "qwen3_5" and tiny["head_dim"] == 16:  # the defaults: runs started before these two
+        tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
+    for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature", "episode_timeout_s", "env_workers"):
+        d["env"].pop(k)  # held-out evaluation; how long / how many threads episodes may take
+    if d["prompt"]["optimiser"] == "none":  # the default: runs started before prompt.* keep their hash
+        d.pop("prompt")
+    elif d["prompt"]["optimiser"] != "skill":  # sample / eoh runs keep the hash they had before prompt.skill
+        d["prompt"].pop("skill")
+    else:  # which variable holds the key and how long a request may take, not what the endpoint answers
+        d["prompt"]["skill"].pop("key_env"), d["prompt"]["skill"].pop("timeout_s")
+    if not cfg.env.max_episode_tokens:  # no budget: runs from before the field keep their hash
+        d["env"].pop("max_episode_tokens")
+    for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
+        d["env"]["sandbox"].pop(k, None)
+    for k in cfg.env.sections:  # the named environment's section, as that environment hashes it
+        d["env"].pop(k, None)
+    d["env"].update(cfg.env.spec.identity(cfg.env.section))
+    if cfg.env.train_path:
+        from esopt_mp.data import resolve
+
+        d["env"]["train_path"] = file_sha256(resolve(cfg.env.train_path))
+    path = d["model"].pop("path")
+    if path:
+        d["model"].pop("tiny")
+    where = model_dir or path
+    if where and os.path.isdir(where):
+        d["model"]["content"] = model_fingerprint(where)
+    elif where:
+        d["model"]["name"] = where  # "builtin:<name>" or a hub id: a name, not a filesystem path
+    return d

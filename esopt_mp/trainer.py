@@ -30,7 +30,7 @@ from esopt_mp.config import TrainConfig
 from esopt_mp.envs.base import FAILURE_KINDS
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.es.perturber import exact_restore
-from esopt_mp.identity import diff_identity
+from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.ledger import updates_digest
 from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
 from esopt_mp.models import build_shards, load_model, resolve_model_dir
@@ -120,7 +120,7 @@ class ESTrainer:
             self.objective.context = self.context
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
-        self.identity = cfg.identity(path)
+        self.identity = config_identity(cfg, path)
         self.config_hash = self.identity["hash"]
         self.ledger = Ledger(cfg.run.dir, self.config_hash, dims.rank)
         self.ckpt = Checkpointer(cfg.run.dir, dims, cfg.run.keep_checkpoints, cfg.run.checkpoint_async, self.identity)

@@ -71,3 +71,14 @@ def from_dict(cls, data: Any, prefix: str = "", _plain: bool = False):
             raise ConfigError(f"unknown config key '{where}'; known keys here: {sorted(names)}")
     kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
     return cls(**kwargs)
+
+
+def check(cond: bool, key: str, msg: str) -> None:
+    """Raise :class:`ConfigError` ``"<key>: <msg>"`` unless ``cond``: the one shape of a refused setting."""
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def check_choice(value: Any, choices: tuple, key: str) -> None:
+    """``value`` must be one of ``choices``; the same line whether a config or a component's caller passed it."""
+    check(value in choices, key, f"must be one of {choices}, got {value!r}")

@@ -57,7 +57,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from esopt_mp.config import EngineConfig, ESConfig
+    from esopt_mp.engine.config import EngineConfig
+    from esopt_mp.es.config import ESConfig
     from esopt_mp.engine.hf import HFEngine
     from esopt_mp.engine.vllm import build_vllm
     from esopt_mp.envs import sudoku

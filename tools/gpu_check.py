@@ -108,7 +108,8 @@ def es_steps(weights, engine, vocab, args) -> dict:
 def run_engine(name: str, path: str, args) -> tuple[dict, object, object]:
     import torch
 
-    from esopt_mp.config import EngineConfig, ESConfig
+    from esopt_mp.engine.config import EngineConfig
+    from esopt_mp.es.config import ESConfig
     from esopt_mp.parallel import ParallelDims
 
     dims = ParallelDims(1, 1, 1)

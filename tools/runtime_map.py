@@ -25,7 +25,8 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="also the pieces es.include/es.exclude would skip")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from esopt_mp.config import EngineConfig, ESConfig
+    from esopt_mp.engine.config import EngineConfig
+    from esopt_mp.es.config import ESConfig
     from esopt_mp.engine.runtime_map import Piece, describe
     from esopt_mp.engine.vllm import build_vllm
     from esopt_mp.parallel import discover, init_distributed

@@ -20,6 +20,7 @@ from esopt_mp.agent.chat import IM_END, delta_text, opening_text
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import InfraError, call_envs, failure_return, returns_sum
+from esopt_mp.envs.config import EnvConfig, check_episode_limits
 from esopt_mp.envs.toolcalls import clean_text
 
 log = logging.getLogger(__name__)
@@ -27,19 +28,15 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
-    max_turns: int = 45
+    """The loop's settings; the defaults and the checks are the ``env`` section's (:mod:`esopt_mp.envs.config`)."""
+    max_turns: int = EnvConfig.max_turns
     sampling: SamplingParams = SamplingParams()
-    episode_timeout_s: float = 600.0  # reset to last step, wall clock, the batch's generation included
-    max_episode_tokens: int = 0  # prompt + generated tokens of one trajectory (0: no budget)
-    env_workers: int = 0  # threads for a batch's concurrent env calls (0: esopt_mp.envs.base.default_workers())
+    episode_timeout_s: float = EnvConfig.episode_timeout_s  # reset to last step, the batch's generation included
+    max_episode_tokens: int = EnvConfig.max_episode_tokens  # prompt + generated tokens of one trajectory (0: none)
+    env_workers: int = EnvConfig.env_workers  # threads for a batch's env calls (0: esopt_mp.envs.base.default_workers())
 
     def __post_init__(self):
-        if not self.episode_timeout_s > 0:
-            raise ValueError(f"episode_timeout_s must be > 0, got {self.episode_timeout_s!r}")
-        if not isinstance(self.env_workers, int) or self.env_workers < 0:
-            raise ValueError(f"env_workers must be an int >= 0 (0 = default), got {self.env_workers!r}")
-        if not isinstance(self.max_episode_tokens, int) or self.max_episode_tokens < 0:
-            raise ValueError(f"max_episode_tokens must be an int >= 0 (0 = no budget), got {self.max_episode_tokens!r}")
+        check_episode_limits(self.episode_timeout_s, self.max_episode_tokens, self.env_workers)
 
 
 def build_agent_config(env_cfg, sampling: SamplingParams) -> AgentConfig:

@@ -27,6 +27,7 @@ import torch
 from esopt_mp.agent.loop import (AgentConfig, build_agent_config, follow_episodes, generate_texts, run_episodes,
                                   write_trajectories)
 from esopt_mp.engine.hf import HFEngine
+from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs import FAILURE_KINDS, StartupError
 from esopt_mp.es.seeds import stream_seed
 
@@ -53,8 +54,8 @@ class AgentObjective:
                                    f"{type(e).__name__}: {e}") from e
         if self.spec.syncs_after_check(self.section):  # the first's check reset shared state: nobody plays before
             dims.comm.barrier()
-        self.train_cfg = build_agent_config(env_cfg, engine_cfg.sampling())
-        self.eval_cfg = build_agent_config(env_cfg, engine_cfg.sampling(env_cfg.eval_temperature))
+        self.train_cfg = build_agent_config(env_cfg, SamplingParams.of(engine_cfg))
+        self.eval_cfg = build_agent_config(env_cfg, SamplingParams.of(engine_cfg, env_cfg.eval_temperature))
         try:
             self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
         except (ValueError, OSError) as e:  # too few tasks, a bad task file, a task source that failed: one line

@@ -3,20 +3,36 @@
 They exist to compare against: the same episodes (``agent.loop.run_episodes``),
 the same launcher (``algo=grpo|ppo``), curves that overlay with ES runs, and
 the memory a gradient trainer needs (profiled by ``tools/memprof.py``).
+The names below load on first use (PEP 562), so importing ``esopt_mp.baselines.config`` loads no torch.
 """
-from esopt_mp.baselines.algos import GRPO, PPO
-from esopt_mp.baselines.batch import TokenBatch, build_token_batch, synthetic_token_batch
-from esopt_mp.baselines.optimizer import PolicyOptimizer
+import importlib
 
-BASELINES = {"grpo": GRPO, "ppo": PPO}
+_EXPORTS = {
+    "GRPO": "algos", "PPO": "algos", "TokenBatch": "batch", "build_token_batch": "batch",
+    "synthetic_token_batch": "batch", "PolicyOptimizer": "optimizer",
+}
 
 
-def build_baseline(name: str, model, cfg, dims) -> PolicyOptimizer:
+def build_baseline(name: str, model, cfg, dims):
     """The ``name`` optimizer ("grpo" | "ppo") for ``model``, configured by ``cfg`` (an AlgoConfig)."""
-    if name not in BASELINES:
-        raise ValueError(f"algo: unknown baseline {name!r}; known: {', '.join(sorted(BASELINES))}")
-    return BASELINES[name](model, cfg, dims)
+    from esopt_mp.baselines.algos import GRPO, PPO
+
+    baselines = {"grpo": GRPO, "ppo": PPO}
+    if name not in baselines:
+        raise ValueError(f"algo: unknown baseline {name!r}; known: {', '.join(sorted(baselines))}")
+    return baselines[name](model, cfg, dims)
 
 
-__all__ = ["BASELINES", "GRPO", "PPO", "PolicyOptimizer", "TokenBatch", "build_baseline", "build_token_batch",
-           "synthetic_token_batch"]
+__all__ = sorted([*_EXPORTS, "build_baseline"])
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -29,6 +29,7 @@ from esopt_mp.config import TrainConfig
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
+from esopt_mp.identity import config_hash
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import ParallelDims
@@ -64,7 +65,7 @@ class BaselineTrainer:
         self.objective = AgentObjective(cfg.env, cfg.engine, self.seed, self.model, self.tokenizer, dims, traj)
         self.rollout_cfg = build_agent_config(cfg.env, rollout_sampling(cfg.engine, cfg.algo))
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
-        self.config_hash = cfg.hash(path)
+        self.config_hash = config_hash(cfg, path)
         if dims.rank == 0:
             with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
                 json.dump(dict(cfg.to_dict(), base_model=path, config_hash=self.config_hash), f, indent=1)

@@ -5,28 +5,28 @@ import dataclasses
 
 import torch
 
+from esopt_mp.engine.config import EngineConfig, check_sampling
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.7
-    top_p: float = 0.8
-    top_k: int = 20
-    min_p: float = 0.0
-    presence_penalty: float = 1.5
-    max_new_tokens: int = 64
+    """One generation's sampling settings; the defaults are the ``engine`` section's (:class:`EngineConfig`)."""
+    temperature: float = EngineConfig.temperature
+    top_p: float = EngineConfig.top_p
+    top_k: int = EngineConfig.top_k
+    min_p: float = EngineConfig.min_p
+    presence_penalty: float = EngineConfig.presence_penalty
+    max_new_tokens: int = EngineConfig.max_new_tokens
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        check_sampling(self.temperature, self.top_p, self.top_k, self.min_p, self.max_new_tokens)
+
+    @classmethod
+    def of(cls, engine: EngineConfig, temperature: float | None = None) -> "SamplingParams":
+        """The ``engine`` section's training sampling (``temperature``: another one, e.g. held-out evaluation's)."""
+        return cls(engine.temperature if temperature is None else temperature, engine.top_p, engine.top_k,
+                   engine.min_p, engine.presence_penalty, engine.max_new_tokens)
 
 
 def check_caps(max_new: list[int] | None, rows: int, limit: int) -> list[int]:

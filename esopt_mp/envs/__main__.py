@@ -26,7 +26,7 @@ HOSTILE = ("", "\x00\xff<tool_call>{" * 20, "x" * 20000, "<answer></answer>" * 5
 def _section(spec, pairs: list[str], name: str):
     import yaml
 
-    from esopt_mp.config import EnvConfig
+    from esopt_mp.envs.config import EnvConfig
     from esopt_mp.envs.registry import build_section
 
     data: dict = {}
@@ -51,7 +51,7 @@ def _section(spec, pairs: list[str], name: str):
 
 
 def check(name: str, pairs: list[str], replies: list[str], max_turns: int, n_train: int = 2, n_eval: int = 2) -> dict:
-    from esopt_mp.config import EnvConfig
+    from esopt_mp.envs.config import EnvConfig
     from esopt_mp.envs.base import InfraError, failure_return, returns_sum
     from esopt_mp.envs.registry import load_spec
 

@@ -21,9 +21,11 @@ import os
 
 import torch
 
+from esopt_mp.es.config import NOISE_BACKENDS
+from esopt_mp.typed import check_choice
+
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "eager", "compile", "triton")
 AUTO_COMPILE_MIN_ELEMS = 1 << 24
 _logged: set = set()
 
@@ -62,10 +64,9 @@ _probed: dict = {}
 def resolve(backend: str, device, numel: int) -> str:
     """The concrete backend for ``numel`` local elements on ``device``; logs auto's choice once.
 
-    ``ESOPT_NOISE_BACKEND`` overrides ``es.noise_backend`` (any of :data:`BACKENDS`)."""
+    ``ESOPT_NOISE_BACKEND`` overrides ``es.noise_backend`` (any of :data:`~esopt_mp.es.config.NOISE_BACKENDS`)."""
     backend = os.environ.get("ESOPT_NOISE_BACKEND", backend)
-    if backend not in BACKENDS:
-        raise ValueError(f"es.noise_backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice(backend, NOISE_BACKENDS, "es.noise_backend")
     device = torch.device(device)
     if backend == "triton":
         from esopt_mp.es import triton_noise

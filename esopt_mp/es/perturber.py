@@ -26,13 +26,13 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from esopt_mp.es.backend import resolve as resolve_backend
+from esopt_mp.es.config import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.hostmem import HostCopies
 from esopt_mp.es.noise import stream
 from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.typed import check_choice
 
-RESTORE_MODES = ("subtract", "snapshot")
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the Triton kernels' fp32 math; not fp64
-MASTER_MODES = ("none", "fp32_host")
 
 
 def build_local_shards(module: torch.nn.Module, include=None) -> list[LocalShard]:
@@ -77,10 +77,8 @@ class Perturber:
         block: int | None = None,
         noise_backend: str = "auto",
     ):
-        if restore not in RESTORE_MODES:
-            raise ValueError(f"unknown restore mode {restore!r}; expected one of {RESTORE_MODES}")
-        if master not in MASTER_MODES:
-            raise ValueError(f"unknown master mode {master!r}; expected one of {MASTER_MODES}")
+        check_choice(restore, RESTORE_MODES, "es.restore")
+        check_choice(master, MASTER_MODES, "es.master")
         if chunk_elems < 1:
             raise ValueError(f"chunk_elems must be >= 1, got {chunk_elems}")
         self.shards = list(shards)

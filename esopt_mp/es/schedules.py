@@ -4,7 +4,18 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from esopt_mp.typed import check, check_choice
+
 KINDS = ("cosine", "constant", "linear")
+
+
+def check_schedule(kind: str, start: float, end: float, steps: int | None, key: str = "schedule") -> None:
+    """The one check of a schedule's settings (``es.sigma`` / ``es.alpha`` and :class:`Schedule` alike)."""
+    check_choice(kind, KINDS, f"{key}.kind")
+    for k, v in (("start", start), ("end", end)):
+        check(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"{key}.{k}",
+              f"must be finite and >= 0, got {v!r}")
+    check(steps is None or steps >= 1, f"{key}.steps", f"must be >= 1, got {steps}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,14 +32,7 @@ class Schedule:
     steps: int = 100
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown schedule kind {self.kind!r}; expected one of {KINDS}")
-        for key in ("start", "end"):
-            v = getattr(self, key)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"schedule {key} must be finite and >= 0, got {v!r}")
-        if self.steps < 1:
-            raise ValueError(f"schedule steps must be >= 1, got {self.steps}")
+        check_schedule(self.kind, self.start, self.end, self.steps)
 
     def __call__(self, t: int) -> float:
         if t < 0:

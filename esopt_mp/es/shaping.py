@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SHAPINGS = ("zscore", "centered_rank", "raw")
+from esopt_mp.es.config import SHAPINGS
+from esopt_mp.typed import check_choice
 
 
 def shape_returns(returns: Sequence[float], method: str = "zscore", eps: float = 1e-8) -> np.ndarray:
@@ -20,8 +21,7 @@ def shape_returns(returns: Sequence[float], method: str = "zscore", eps: float =
     - ``centered_rank``: ranks mapped linearly onto [-0.5, 0.5], ties averaged;
     - ``raw``: the returns themselves.
     """
-    if method not in SHAPINGS:
-        raise ValueError(f"unknown fitness shaping {method!r}; expected one of {SHAPINGS}")
+    check_choice(method, SHAPINGS, "es.shaping")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     r = np.asarray(returns, dtype=np.float64)

@@ -1,12 +1,25 @@
-"""Model loading onto the tp mesh, canonical (checkpoint) names, shard maps, export, tiny local checkpoints."""
-from esopt_mp.models.export import export_hf
-from esopt_mp.models.loading import build_shards, full_state_dict, load_model
-from esopt_mp.models.paths import resolve_model_dir
-from esopt_mp.models.names import CheckpointNames, checkpoint_keys, checkpoint_names
-from esopt_mp.models.tiny import build_tiny_qwen35, tiny_qwen3_config, tiny_qwen35_config
+"""Model loading onto the tp mesh, canonical (checkpoint) names, shard maps, export, tiny local checkpoints.
 
-__all__ = ["CheckpointNames", "build_shards", "build_tiny_qwen35", "checkpoint_keys", "checkpoint_names", "export_hf",
-           "full_state_dict", "load_model", "resolve_model_dir", "tiny_qwen3_config", "tiny_qwen35_config"]
-from esopt_mp.models.presets import QWEN35, build_meta_model, qwen35_config  # noqa: E402
+The names below load on first use (PEP 562), so importing ``esopt_mp.models.config`` loads no torch.
+"""
+import importlib
 
-__all__ += ["QWEN35", "build_meta_model", "qwen35_config"]
+_EXPORTS = {
+    "export_hf": "export", "build_shards": "loading", "full_state_dict": "loading", "load_model": "loading",
+    "resolve_model_dir": "paths", "CheckpointNames": "names", "checkpoint_keys": "names", "checkpoint_names": "names",
+    "build_tiny_qwen35": "tiny", "tiny_qwen3_config": "tiny", "tiny_qwen35_config": "tiny", "QWEN35": "presets",
+    "build_meta_model": "presets", "qwen35_config": "presets",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,10 +1,25 @@
-"""Topology (ParallelDims), launcher discovery and the one place collectives run (Collectives)."""
-from esopt_mp.parallel.collectives import Collectives, CommStats
-from esopt_mp.parallel.comm import ReplicaDriftError, check_replicas, gather_returns, shard_checksum
-from esopt_mp.parallel.dims import ParallelDims, close_distributed, init_distributed
-from esopt_mp.parallel.grads import average_grads, global_grad_norm
-from esopt_mp.parallel.launcher import LaunchEnv, discover, first_slurm_host
+"""Topology (ParallelDims), launcher discovery and the one place collectives run (Collectives).
 
-__all__ = ["Collectives", "CommStats", "LaunchEnv", "ParallelDims", "ReplicaDriftError", "average_grads", "check_replicas",
-           "close_distributed", "discover", "first_slurm_host", "gather_returns", "global_grad_norm", "init_distributed",
-           "shard_checksum"]
+The names below load on first use (PEP 562), so importing ``esopt_mp.parallel.config`` loads no torch.
+"""
+import importlib
+
+_EXPORTS = {
+    "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "comm", "check_replicas": "comm",
+    "gather_returns": "comm", "shard_checksum": "comm", "ParallelDims": "dims", "close_distributed": "dims",
+    "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
+    "discover": "launcher", "first_slurm_host": "launcher",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -14,7 +14,9 @@ import logging
 import torch
 import torch.distributed as dist
 
+from esopt_mp.parallel.config import BACKENDS, check_layout, check_timeout
 from esopt_mp.parallel.launcher import LaunchEnv
+from esopt_mp.typed import check_choice
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +35,7 @@ class ParallelDims:
     _ckpt_group: object = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        for key in ("dp", "tp", "world_size"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"parallel.{key} must be a positive integer, got {v!r}")
-        if self.dp * self.tp != self.world_size:
-            raise ValueError(
-                f"parallel.dp * parallel.tp must equal the world size: {self.dp} * {self.tp} = "
-                f"{self.dp * self.tp} != {self.world_size}"
-            )
+        check_layout(self.dp, self.tp, self.world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world of size {self.world_size}")
 
@@ -129,12 +123,10 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
     dims.device_type = "cuda" if cuda else "cpu"
     if backend == "auto":
         backend = "nccl" if cuda else "gloo"
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"parallel.backend must be auto, nccl or gloo, got {backend!r}")
+    check_choice(backend, BACKENDS, "parallel.backend")
     if backend == "nccl" and not cuda:
         raise ValueError("parallel.backend=nccl needs CUDA, and torch.cuda.is_available() is False")
-    if not (timeout_s > 0):
-        raise ValueError(f"parallel.timeout_s must be > 0, got {timeout_s}")
+    check_timeout(timeout_s)
     dims.backend, dims.timeout_s = backend, timeout_s
     if cuda:
         torch.cuda.set_device(le.local_rank % torch.cuda.device_count())

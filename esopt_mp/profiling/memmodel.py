@@ -26,10 +26,10 @@ import functools
 import json
 import math
 
+from esopt_mp.es.config import MASTER_MODES, RESTORE_MODES
+
 ALGOS = ("inference", "es", "grpo", "ppo")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-RESTORE_MODES = ("subtract", "snapshot")
-MASTER_MODES = ("none", "fp32_host")
 DEVICES = ("cuda", "cpu")
 CHUNK = 64  # transformers' torch_chunk_gated_delta_rule chunk size
 

@@ -19,7 +19,7 @@ TINY = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "esop
 
 def _grads(name: str, model, dims, batch):
     from esopt_mp.baselines import build_baseline
-    from esopt_mp.config import AlgoConfig
+    from esopt_mp.baselines.config import AlgoConfig
 
     opt = build_baseline(name, model, AlgoConfig(name=name, lr=1e-3, beta=1e-3), dims)
     with torch.no_grad():
@@ -70,7 +70,7 @@ def test_tp2_gradient_equals_tp1(tmp_path):
 def _dp_worker(rank: int, world: int, out_dir: str) -> None:
     from esopt_mp.baselines import build_baseline, synthetic_token_batch
     from esopt_mp.baselines.batch import _from_rows
-    from esopt_mp.config import AlgoConfig
+    from esopt_mp.baselines.config import AlgoConfig
     from esopt_mp.models import load_model
     from esopt_mp.parallel import check_replicas, discover, init_distributed
 

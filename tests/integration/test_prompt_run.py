@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from esopt_mp.config import ConfigError, build_config
+from esopt_mp.identity import config_hash
 from esopt_mp.parallel import LaunchEnv, init_distributed
 from esopt_mp.prompt import ContextStore, context_hash
 
@@ -148,10 +149,10 @@ def test_bad_prompt_config_is_refused_naming_the_key(override, key):
 
 
 def test_default_prompt_section_keeps_the_hash():
-    assert build_config({}).hash(None) == "c999d5ed83fd066a"
+    assert config_hash(build_config({}), None) == "c999d5ed83fd066a"
     on = build_config({"objective": {"name": "agent"}, "env": {"name": "heuristic"}, "prompt": {"optimiser": "eoh"}})
     off = build_config({"objective": {"name": "agent"}, "env": {"name": "heuristic"}})
-    assert on.hash(None) != off.hash(None)
+    assert config_hash(on, None) != config_hash(off, None)
 
 
 def test_eoh_es_profile_composes_with_the_test_time_sigma_schedule():

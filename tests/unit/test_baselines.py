@@ -8,11 +8,13 @@ import torch
 
 from esopt_mp.agent.loop import AgentConfig, run_episodes
 from esopt_mp.baselines import build_baseline, build_token_batch, synthetic_token_batch
-from esopt_mp.config import AlgoConfig, ConfigError, TrainConfig, build_config
+from esopt_mp.baselines.config import AlgoConfig
+from esopt_mp.config import ConfigError, TrainConfig, build_config
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs import make
 from esopt_mp.envs import sudoku
+from esopt_mp.identity import config_hash
 from esopt_mp.models import load_model
 from esopt_mp.parallel import ParallelDims
 
@@ -184,7 +186,7 @@ def test_algo_config_validation_and_hash():
         build_config({"objective": {"name": "agent"}, "parallel": {"dp": 8}, "algo": {"name": "grpo"}}, 8)
     a, b = TrainConfig(), TrainConfig()
     b.algo.lr = 2e-6
-    assert a.hash() != b.hash()  # the weights depend on algo.*
+    assert config_hash(a) != config_hash(b)  # the weights depend on algo.*
 
 
 def test_default_config_composes_with_each_algo():
@@ -203,7 +205,8 @@ def test_default_config_composes_with_each_algo():
 def test_rollouts_sample_from_the_distribution_the_loss_scores():
     """top_p / top_k / min_p / presence penalty would make GRPO/PPO off-policy without an importance weight."""
     from esopt_mp.baselines.trainer import rollout_sampling
-    from esopt_mp.config import AlgoConfig, EngineConfig
+    from esopt_mp.baselines.config import AlgoConfig
+    from esopt_mp.engine.config import EngineConfig
 
     p = rollout_sampling(EngineConfig(top_p=0.8, top_k=20, min_p=0.05, presence_penalty=1.5, max_new_tokens=33),
                          AlgoConfig(name="grpo", temperature=0.9))

@@ -6,7 +6,7 @@ import torch
 
 from esopt_mp.baselines import build_baseline, synthetic_token_batch
 from esopt_mp.baselines.batch import _from_rows
-from esopt_mp.config import AlgoConfig
+from esopt_mp.baselines.config import AlgoConfig
 from esopt_mp.models import load_model
 from esopt_mp.parallel import ParallelDims
 

@@ -128,9 +128,14 @@ def test_a_large_batch_runs_on_a_bounded_pool_in_env_order(workers):
 
 
 def test_agent_config_refuses_bad_timeouts_and_worker_counts():
-    with pytest.raises(ValueError, match="episode_timeout_s must be > 0"):
-        AgentConfig(episode_timeout_s=0)
-    with pytest.raises(ValueError, match="env_workers must be an int >= 0"):
-        AgentConfig(env_workers=-1)
+    """The loop refuses what the ``env`` section refuses, in the same words."""
+    from esopt_mp.config import ConfigError, build_config
+
+    for key, value in (("episode_timeout_s", 0.0), ("env_workers", -1), ("max_episode_tokens", -1)):
+        with pytest.raises(ValueError, match=rf"env\.{key}: must be") as loop:
+            AgentConfig(**{key: value})
+        with pytest.raises(ConfigError) as cfg:
+            build_config({"env": {key: value}})
+        assert str(loop.value) == str(cfg.value)
 
 

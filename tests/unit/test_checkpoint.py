@@ -12,6 +12,7 @@ import torch
 from esopt_mp import checkpoint as ck
 from esopt_mp import resume
 from esopt_mp.es import Perturber, member_seed
+from esopt_mp.identity import config_identity
 from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.parallel import ParallelDims
 
@@ -141,10 +142,11 @@ def test_layout_that_cannot_map_is_refused_before_writing(tmp_path):
 
 
 def test_checkpoint_of_another_configuration_is_refused_naming_the_difference(tmp_path):
-    from esopt_mp.config import TrainConfig, from_dict
+    from esopt_mp.config import TrainConfig
+    from esopt_mp.typed import from_dict
 
-    mine = TrainConfig().identity()
-    other = from_dict(TrainConfig, {"es": {"population": 4, "sigma": {"start": 0.01}}}).identity()
+    mine = config_identity(TrainConfig())
+    other = config_identity(from_dict(TrainConfig, {"es": {"population": 4, "sigma": {"start": 0.01}}}))
     path = save_layout(str(tmp_path), 1, full_state(1), 1, identity=other)
     p = perturber(full_state(2))
     before = [s.tensor.clone() for s in p.shards]

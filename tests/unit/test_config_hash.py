@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from esopt_mp.config import build_config
-from esopt_mp.identity import model_fingerprint
+from esopt_mp.identity import config_hash, model_fingerprint
 from esopt_mp.models import build_tiny_qwen35
 
 
@@ -32,7 +32,7 @@ def test_layout_eval_run_and_paths_do_not_change_the_hash(tmp_path, model_dir):
                                  "eval_temperature": 0.5, "n_train": 1, "episodes_per_step": 1,
                                  "sandbox": {"level": "rlimit", "min_level": "rlimit"}},
                          "es": {"chunk_elems": 4096, "noise_backend": "compile"}})
-    assert base.hash() == same.hash() == base.hash(copy)
+    assert config_hash(base) == config_hash(same) == config_hash(base, copy)
 
 
 @pytest.mark.parametrize("override", [
@@ -45,17 +45,17 @@ def test_layout_eval_run_and_paths_do_not_change_the_hash(tmp_path, model_dir):
 def test_what_shapes_the_weights_changes_the_hash(override, model_dir):
     base = {"model": {"path": model_dir}}
     data = {**base, **{k: {**base.get(k, {}), **v} for k, v in override.items()}}
-    assert build_config(data).hash() != build_config(base).hash()
+    assert config_hash(build_config(data)) != config_hash(build_config(base))
 
 
 def test_model_and_task_content_change_the_hash(tmp_path, model_dir):
     other = build_tiny_qwen35(str(tmp_path / "other"), seed=4, num_hidden_layers=2)  # same shapes, other weights
     assert model_fingerprint(other) != model_fingerprint(model_dir)
-    assert build_config({"model": {"path": other}}).hash() != build_config({"model": {"path": model_dir}}).hash()
+    assert config_hash(build_config({"model": {"path": other}})) != config_hash(build_config({"model": {"path": model_dir}}))
     a = _tasks(tmp_path / "a.jsonl", '{"puzzle": "1..."}\n')
     b = _tasks(tmp_path / "b.jsonl", '{"puzzle": "3..."}\n')
     cfg = lambda p: build_config({"env": {"train_path": p, "n_train": 1, "episodes_per_step": 1}})  # noqa: E731
-    assert cfg(a).hash() != cfg(b).hash()
+    assert config_hash(cfg(a)) != config_hash(cfg(b))
 
 
 def test_keep_checkpoints_is_validated():
@@ -69,7 +69,7 @@ def test_vllm_serving_settings_stay_out_of_the_hash_and_old_runs_keep_theirs():
     from esopt_mp.config import build_config
 
     def h(**engine):
-        return build_config({"objective": {"name": "agent"}, "engine": {"name": "vllm", **engine}}).hash(None)
+        return config_hash(build_config({"objective": {"name": "agent"}, "engine": {"name": "vllm", **engine}}), None)
 
     base = h()
     for key, value in (("weight_sync", "reload"), ("kv_cache_gib", 2.0), ("gpu_memory_utilization", 0.5),
@@ -77,4 +77,4 @@ def test_vllm_serving_settings_stay_out_of_the_hash_and_old_runs_keep_theirs():
         assert h(**{key: value}) == base, key
     assert h(temperature=0.3) != base  # rollouts differ
     # the embedded default's hash as runs started before engine=vllm recorded it: their resume still works
-    assert build_config({}).hash(None) == "c999d5ed83fd066a"
+    assert config_hash(build_config({}), None) == "c999d5ed83fd066a"

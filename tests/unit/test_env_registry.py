@@ -7,7 +7,8 @@ import math
 import pytest
 
 from esopt_mp.agent.loop import AgentConfig, run_episodes
-from esopt_mp.config import ConfigError, EnvConfig, build_config, open_sections
+from esopt_mp.config import ConfigError, build_config, open_sections
+from esopt_mp.envs.config import EnvConfig
 from esopt_mp.envs import registry
 from esopt_mp.envs.registry import EnvNotFound, FactorySpec, build_section
 from tests.web.scripted import ScriptedEngine

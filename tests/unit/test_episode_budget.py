@@ -13,6 +13,7 @@ from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs import make
 from esopt_mp.envs.sudoku import generate
+from esopt_mp.identity import config_hash
 from esopt_mp.models.tiny import build_tiny_agent_base
 
 TURN = 10  # max_new_tokens per turn
@@ -91,8 +92,8 @@ def test_bad_budgets_are_refused_naming_the_key(agent):
 
 
 def test_the_budget_is_in_the_config_hash_only_when_set():
-    assert build_config({"env": {"max_episode_tokens": 0}}).hash(None) == "c999d5ed83fd066a"
-    assert build_config({"env": {"max_episode_tokens": 4096}}).hash(None) != "c999d5ed83fd066a"
+    assert config_hash(build_config({"env": {"max_episode_tokens": 0}}), None) == "c999d5ed83fd066a"
+    assert config_hash(build_config({"env": {"max_episode_tokens": 4096}}), None) != "c999d5ed83fd066a"
 
 
 class _Comm:

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 from esopt_mp.agent.objective import load_tasks
 from esopt_mp.config import ConfigError, build_config, open_sections
 from esopt_mp.data import resolve
+from esopt_mp.identity import config_hash
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 
@@ -20,7 +21,7 @@ def _compose(*overrides):
 def test_embedded_default_composes():
     cfg = build_config(_compose(), 1)
     # the embedded default's config hash as it was before environments had their own sections: its runs resume
-    assert cfg.hash() == "e7cd39145205692f"
+    assert config_hash(cfg) == "e7cd39145205692f"
     assert cfg.model.path == "builtin:tiny_agent" and cfg.objective.name == "agent" and cfg.env.sudoku.hints
     fast = build_config(_compose("model=tiny", "objective=target_logprob"), 1)
     assert fast.model.path is None and fast.objective.name == "target_logprob"
@@ -43,7 +44,7 @@ def test_experiment_profiles(name, env, population, monkeypatch, tmp_path):
     if cfg.env.train_path is not None:
         assert cfg.env.train_path.startswith("data:")  # the hash sees the same string on every machine
         assert os.path.isfile(resolve(cfg.env.train_path)) and os.path.isfile(resolve(cfg.env.eval_path))
-    assert len(cfg.hash()) == 16  # the trainer hashes the training tasks by content: data: paths resolve
+    assert len(config_hash(cfg)) == 16  # the trainer hashes the training tasks by content: data: paths resolve
     if name == "math_4b":  # Mean@4 / Pass@4 over samples drawn at the training temperature
         assert (cfg.env.eval_repeats, cfg.env.eval_temperature, cfg.engine.temperature) == (4, 1.0, 1.0)
     if name.startswith("sudoku"):
@@ -89,7 +90,7 @@ def test_env_sections_compose_from_plain_overrides_and_match_the_dataclass_defau
     EnvConfig's."""
     import dataclasses
 
-    from esopt_mp.config import EnvConfig
+    from esopt_mp.envs.config import EnvConfig
 
     raw = _compose("env.name=docvqa", "env.docvqa.observation_chars=123", "env.webarena_lite.max_browsers=2",
                    "env.sandbox.wall_s=5", "env.episode_timeout_s=900", "env.env_workers=3")
@@ -101,11 +102,11 @@ def test_env_sections_compose_from_plain_overrides_and_match_the_dataclass_defau
     assert set(defaults) <= set(tree)  # every shared EnvConfig field is in the tree, so each can be overridden
     assert set(tree) - set(defaults) == {"sudoku"}  # the env group's own section, ignored unless env.name=sudoku
     cfg = build_config(_compose("env.name=math_react"), 1)
-    assert build_config(cfg.to_dict(), 1).hash() == cfg.hash()  # config.json rebuilds the run
+    assert config_hash(build_config(cfg.to_dict(), 1)) == config_hash(cfg)  # config.json rebuilds the run
 
 
 def test_a_key_that_moved_into_its_environments_section_names_the_new_spelling():
-    from esopt_mp.config import EnvConfig
+    from esopt_mp.envs.config import EnvConfig
 
     for old, new in (("env.mask_count=5", "env.sudoku.mask_count"), ("env.problem=tsp_aco", "env.heuristic.problem"),
                      ("env.web.max_browsers=2", "env.webarena_lite.max_browsers")):
@@ -132,7 +133,7 @@ def test_prompt_section_composes_from_plain_overrides_and_matches_the_dataclass_
     cfg = build_config(_compose("prompt.optimiser=skill", "prompt.skill.proposer=endpoint", "prompt.skill.model=m",
                                 "prompt.skill.url=http://127.0.0.1:9", "prompt.skill.timeout_s=5"), 1)
     assert (cfg.prompt.optimiser, cfg.prompt.skill.url, cfg.prompt.skill.timeout_s) == ("skill", "http://127.0.0.1:9", 5)
-    assert build_config(_compose(), 1).hash() == build_config(_compose("prompt.optimiser=none"), 1).hash()
+    assert config_hash(build_config(_compose(), 1)) == config_hash(build_config(_compose("prompt.optimiser=none"), 1))
 
 
 def test_an_env_docvqa_override_reaches_the_config_check():

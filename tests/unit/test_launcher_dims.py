@@ -65,7 +65,7 @@ def test_mpirun_open_mpi_and_pmi():
 def test_parallel_dims_validation_and_layout():
     with pytest.raises(ValueError, match=r"parallel.dp \* parallel.tp must equal the world size: 2 \* 2 = 4 != 3"):
         ParallelDims(2, 2, 3)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="must be an integer >= 1"):
         ParallelDims(0, 1, 0)
     d = ParallelDims(2, 2, 4, rank=3)
     assert (d.dp_rank, d.tp_rank, d.is_tp_leader) == (1, 1, False)

@@ -6,7 +6,7 @@ import types
 import pytest
 
 import esopt_mp.agent.objective as ob
-from esopt_mp.config import EnvConfig
+from esopt_mp.envs.config import EnvConfig
 from esopt_mp.objectives import Member
 
 

@@ -107,7 +107,7 @@ def test_population_entries_carry_thought_and_operator():
 
 
 def test_pending_trajectories_stored_without_the_new_fields_still_load(tmp_path):
-    from esopt_mp.config import PromptConfig
+    from esopt_mp.prompt.config import PromptConfig
     from esopt_mp.prompt.run import ContextRun
 
     run = ContextRun(PromptConfig(optimiser="eoh"), REF, str(tmp_path))

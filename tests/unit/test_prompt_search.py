@@ -72,7 +72,7 @@ def test_inject_context_appends_to_the_system_prompt():
 
 
 def test_schedules_and_restore_checks(tmp_path):
-    from esopt_mp.config import PromptConfig
+    from esopt_mp.prompt.config import PromptConfig
     from esopt_mp.prompt.run import ContextRun
 
     def run(**kw):
@@ -99,7 +99,7 @@ def test_schedules_and_restore_checks(tmp_path):
 def test_update_reads_every_trajectory_since_the_last_one_and_resume_rebuilds_them(tmp_path, optimiser, mode):
     # all programs count toward the budget, so all are searched: the best one came two steps before the update
     # (before: only the update step's programs were seen, and the worse "c" won)
-    from esopt_mp.config import PromptConfig
+    from esopt_mp.prompt.config import PromptConfig
     from esopt_mp.prompt.run import ContextRun
 
     kw = {"mode": "joint", "every": 3} if mode == "every" else {"mode": "alternate"}

@@ -6,6 +6,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from esopt_mp.config import ConfigError, build_config
+from esopt_mp.identity import config_hash
 from esopt_mp.prompt import Trajectory, context_hash
 from esopt_mp.prompt.skill import DEFAULT_SKILL, SkillSynthesis
 from esopt_mp.prompt.skill_edits import Edit, apply_edits, merge, parse_edits, parse_skill
@@ -192,9 +193,9 @@ def test_skill_needs_an_agent_objective_but_any_environment():
 
 
 def test_hashes_default_eoh_unchanged_skill_settings_count():
-    assert build_config({}).hash(None) == "c999d5ed83fd066a"
+    assert config_hash(build_config({}), None) == "c999d5ed83fd066a"
     agent = {"objective": {"name": "agent"}, "env": {"name": "heuristic"}}
-    h = lambda p: build_config({**agent, "prompt": p}).hash(None)  # noqa: E731
+    h = lambda p: config_hash(build_config({**agent, "prompt": p}), None)  # noqa: E731
     assert h({"optimiser": "eoh"}) == h({"optimiser": "eoh", "skill": {"batch": 7}})  # not an eoh setting
     assert h({"optimiser": "skill"}) != h({"optimiser": "skill", "skill": {"batch": 7}})
     assert h({"optimiser": "skill"}) == h({"optimiser": "skill", "skill": {"key_env": "MY_KEY"}})

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from esopt_mp.config import ConfigError, build_config
+from esopt_mp.identity import config_hash
 from esopt_mp.prompt.skill import SkillSynthesis, build_skill
 from tests.unit.test_prompt_skill import SKILL, TRAJ, Scripted, block
 
@@ -52,7 +53,7 @@ def test_max_chars_and_timeout_s_reach_their_components_and_bad_values_name_the_
                      ({"timeout_s": float("inf")}, "timeout_s")]:
         with pytest.raises(ConfigError, match=rf"prompt\.skill\.{key}: must be"):
             _agent(bad)
-    h = lambda s: _agent(s).hash(None)  # noqa: E731
+    h = lambda s: config_hash(_agent(s), None)  # noqa: E731
     assert h({}) == h({"timeout_s": 5.0}) != h({"max_chars": 300})  # how long a request waits is not a result
 
 

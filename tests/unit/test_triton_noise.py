@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton not installed (pip install 'esopt_mp[triton]')")
 
-from esopt_mp.config import ESConfig  # noqa: E402
+from esopt_mp.es.config import ESConfig  # noqa: E402
 from esopt_mp.es import Perturber, local_noise, member_seed, stream  # noqa: E402
 from esopt_mp.parallel.shard import LocalShard, ShardInfo  # noqa: E402
 from esopt_mp.es import backend, triton_noise  # noqa: E402
@@ -185,7 +185,7 @@ def test_triton_backend_errors_name_the_config_key(monkeypatch):
     monkeypatch.setattr(triton_noise, "triton", None)
     with pytest.raises(RuntimeError, match=r"es\.noise_backend=triton needs the triton package"):
         Perturber([shard], noise_backend="triton")
-    with pytest.raises(ValueError, match=r"es\.noise_backend must be one of"):
+    with pytest.raises(ValueError, match=r"es\.noise_backend: must be one of"):
         Perturber([shard], noise_backend="cuda")
     with pytest.raises(ValueError, match="es.noise_backend"):
         ESConfig(noise_backend="fast").validate()

@@ -11,6 +11,7 @@ from esopt_mp.envs.web import stack
 from esopt_mp.envs.web import tasks as wt
 from esopt_mp.envs.web.actions import ActionError, parse_action
 from esopt_mp.envs.web.observation import estimate_tokens, render, trim_tree
+from esopt_mp.identity import config_hash
 
 
 @pytest.mark.parametrize("reply,action", [
@@ -103,10 +104,10 @@ def test_web_config_errors_name_the_key():
 
 def test_web_settings_in_the_hash_only_for_webarena_and_not_the_paths():
     base = {"env": {"name": "webarena_lite"}}
-    h = build_config(base).hash()
-    assert build_config({"env": {"name": "webarena_lite", "webarena_lite": {"chromium": "/x", "max_browsers": 9}}}).hash() == h
-    assert build_config({"env": {"name": "webarena_lite", "webarena_lite": {"obs_tokens": 999}}}).hash() != h
-    assert build_config({"env": {"webarena_lite": {"obs_tokens": 999}}}).hash() == build_config({}).hash()
+    h = config_hash(build_config(base))
+    assert config_hash(build_config({"env": {"name": "webarena_lite", "webarena_lite": {"chromium": "/x", "max_browsers": 9}}})) == h
+    assert config_hash(build_config({"env": {"name": "webarena_lite", "webarena_lite": {"obs_tokens": 999}}})) != h
+    assert config_hash(build_config({"env": {"webarena_lite": {"obs_tokens": 999}}})) == config_hash(build_config({}))
 
 
 def test_registered_without_importing_browsergym():

@@ -32,13 +32,13 @@ def _dims(tp: int):
 
 
 def _es_cfg(restore: str = "snapshot", master: str = "none"):
-    from esopt_mp.config import ESConfig
+    from esopt_mp.es.config import ESConfig
 
     return ESConfig(restore=restore, master=master)
 
 
 def _engine_cfg():
-    from esopt_mp.config import EngineConfig
+    from esopt_mp.engine.config import EngineConfig
 
     return EngineConfig(name="vllm", temperature=0.0, max_new_tokens=12, max_model_len=1024, kv_cache_gib=0.25)
 

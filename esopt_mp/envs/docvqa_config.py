@@ -30,9 +30,9 @@ def resolve_tesseract(path: str, key: str = "env.docvqa") -> str:
     if not found:
         raise ValueError(f"{key}.tesseract: {path!r} not found; install it (apt-get install tesseract-ocr "
                          f"fonts-dejavu-core) or set {key}.tesseract to its path")
-    from esopt_mp.envs.sandbox.core import _ro_paths
+    from esopt_mp.envs.sandbox.interpreter import ro_paths
 
     real = os.path.realpath(found)
-    if not any(real.startswith(p.rstrip("/") + "/") for p in _ro_paths()):
-        raise ValueError(f"{key}.tesseract: {real} is outside the directories the sandbox shows ({_ro_paths()})")
+    if not any(real.startswith(p.rstrip("/") + "/") for p in ro_paths()):
+        raise ValueError(f"{key}.tesseract: {real} is outside the directories the sandbox shows ({ro_paths()})")
     return real

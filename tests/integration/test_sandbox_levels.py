@@ -3,6 +3,7 @@ non-root user). A level that does not work here skips with the probe's reason.""
 import os
 import secrets
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -134,7 +135,7 @@ def test_an_interpreter_that_cannot_start_is_the_infrastructures(sb, monkeypatch
     from esopt_mp.envs import InfraError
     from esopt_mp.envs.sandbox import SandboxStartError
 
-    monkeypatch.setattr(core.sys, "executable", "/nonexistent/python3")
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
     with pytest.raises(SandboxStartError, match="/nonexistent/python3") as e:
         sb.run_python("print(1)")
     assert isinstance(e.value, InfraError)

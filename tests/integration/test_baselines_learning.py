@@ -29,14 +29,21 @@ def _returns(tmp_path, algo: dict, steps: int) -> list[float]:
         trainer.close()
 
 
+# over 10 steps GRPO's return rose at steps 5-7 and PPO's by step 4, and both stayed up: the last 3 steps of
+# these runs are past the rise
+GRPO_STEPS, PPO_STEPS = 8, 7
+
+
 def _assert_learns(rets: list[float]) -> None:
+    # measured, mean of the first 3 -> the last 3 steps: GRPO 0.16 -> 0.58, PPO 0.34 -> 0.70 (V at s_k - 1)
     first, last = sum(rets[:3]) / 3, sum(rets[-3:]) / 3
-    assert last > first + 0.25, rets  # measured, mean of first 3 -> last 3: GRPO 0.16 -> 0.70, PPO 0.34 -> 0.75 (V at s_k - 1)
+    assert last > first + 0.25, rets
 
 
 def test_grpo_improves_training_return(tmp_path):
-    _assert_learns(_returns(tmp_path, {"name": "grpo"}, 10))
+    _assert_learns(_returns(tmp_path, {"name": "grpo"}, GRPO_STEPS))
 
 
 def test_ppo_improves_training_return(tmp_path):
-    _assert_learns(_returns(tmp_path, {"name": "ppo", "lr": 5e-4, "epochs": 1, "minibatch": 16, "value_lr": 1e-3}, 10))
+    _assert_learns(_returns(tmp_path, {"name": "ppo", "lr": 5e-4, "epochs": 1, "minibatch": 16, "value_lr": 1e-3},
+                            PPO_STEPS))

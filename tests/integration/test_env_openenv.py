@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("openenv.core")
 
 from esopt_mp.envs.base import InfraError, call_envs  # noqa: E402
-from esopt_mp.envs.libs.openenv import OpenEnvConfig, OpenEnvEnv, find_json_object  # noqa: E402
+from esopt_mp.envs.libs.openenv import OpenEnvConfig, OpenEnvEnv  # noqa: E402
+from esopt_mp.envs.libs.openenv_client import find_json_object  # noqa: E402
 from tests.fixtures import openenv_server  # noqa: E402
 from tests.fixtures.openenv_game import HIGH, GuessAction, GuessEnvironment, secret  # noqa: E402
 

@@ -29,7 +29,7 @@ PY=${ESOPT_WEB_PYTHON:-.venv-web/bin/python}
 # before any GPU work, with the run's own overrides: the offline browser stack, every site the run's task set
 # needs and (judged tasks included) the LLM judge; prints one JSON line naming what is missing.
 # Browsers per TP leader: env.webarena_lite.max_browsers (8 in the profile).
-"$PY" -m esopt_mp.envs.web.tasks --preflight -- +experiment=webarena_27b parallel.tp=4 \
+"$PY" tools/webarena_tasks.py --preflight -- +experiment=webarena_27b parallel.tp=4 \
   parallel.dp=$SLURM_NNODES "$@" || exit 1
 set +e
 srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" "$PY" launch/train.py +experiment=webarena_27b \

@@ -8,6 +8,7 @@ import pytest
 from esopt_mp.envs import make
 from esopt_mp.envs.web import tasks as wt
 from esopt_mp.envs.web.config import WebConfig
+from tools.webarena_tasks import main
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CFG = WebConfig(settle_s=0.0, step_timeout_s=20.0)
@@ -97,14 +98,14 @@ def test_full_reset_is_browsergyms_reset_protocol(monkeypatch):
 
 def test_preflight_checks_the_runs_own_task_set(capsys):
     """``--preflight -- <overrides>``: the trainer's start check on the task set the overrides give (slurm script)."""
-    assert wt.main(["--preflight", "--", "+experiment=webarena_tiny"]) == 0
+    assert main(["--preflight", "--", "+experiment=webarena_tiny"]) == 0
     assert '"suite": "demo"' in capsys.readouterr().out
-    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.webarena_lite.task_ids=[99999]"]) == 1
+    assert main(["--preflight", "--", "+experiment=webarena_27b", "env.webarena_lite.task_ids=[99999]"]) == 1
     assert "unknown WebArena-Lite task ids [99999]" in capsys.readouterr().out
     run = ["--preflight", "--", "+experiment=webarena_27b", "env.episodes_per_step=1", "env.webarena_lite.answer_only=true"]
-    assert wt.main(run + ["env.webarena_lite.task_ids=[4,15]"]) == 0  # shopping_admin (train 4, held-out 15): a stub page
+    assert main(run + ["env.webarena_lite.task_ids=[4,15]"]) == 0  # shopping_admin (train 4, held-out 15): a stub page
     assert '"train": 1, "heldout": 1' in capsys.readouterr().out
-    assert wt.main(run + ["env.webarena_lite.task_ids=[69,15]"]) == 1  # task 69 is on reddit: a closed port here
+    assert main(run + ["env.webarena_lite.task_ids=[69,15]"]) == 1  # task 69 is on reddit: a closed port here
     assert "site reddit (WA_REDDIT=" in capsys.readouterr().out
-    assert wt.main(["--preflight", "--", "+experiment=webarena_27b", "env.webarena_lite.nope=1"]) == 1
+    assert main(["--preflight", "--", "+experiment=webarena_27b", "env.webarena_lite.nope=1"]) == 1
     assert "env.webarena_lite.nope" in capsys.readouterr().out

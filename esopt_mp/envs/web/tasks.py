@@ -8,20 +8,18 @@ scorer calls an LLM (a ``fuzzy_match`` reference, scored by ``llm_fuzzy_match``
 / ``llm_ua_match``) need an OpenAI-compatible judge (``OPENAI_BASE_URL`` +
 ``OPENAI_API_KEY``); without one they are excluded and counted, never scored 0.
 
-    python -m esopt_mp.envs.web.tasks --preflight [--split train] [--ids 4 15]
-    python -m esopt_mp.envs.web.tasks --preflight -- +experiment=webarena_27b [overrides]   # the run's task set
+Their command line (a task set's counts, the site preflight, a run's own start check) is
+``tools/webarena_tasks.py``.
 
 Site state: WebArena-Lite's sites are shared by every member and step of a run and are never reset between
 episodes (the benchmark has no per-episode reset); ``env.webarena_lite.full_reset`` resets them once at the run's start.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import logging
 import os
-import sys
 import urllib.error
 import urllib.request
 
@@ -198,61 +196,3 @@ def full_reset() -> None:
 
     log.info("webarena_lite: full reset of the WebArena sites via %s (minutes)", os.environ["WA_FULL_RESET"])
     WebArenaInstance().full_reset(skip_if_not_set=False)
-
-
-def run_env_config(overrides: list[str]):
-    """The ``env`` section the trainer would get from these Hydra overrides (the repository's configs)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from esopt_mp.config import build_config, open_sections
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    configs = os.path.abspath(os.path.join(here, "..", "..", "..", "configs"))
-    try:
-        with initialize_config_dir(config_dir=configs, version_base="1.3"):
-            data = OmegaConf.to_container(compose("config", overrides=open_sections(list(overrides))), resolve=True)
-    except Exception as e:  # noqa: BLE001 - Hydra's composition errors: one line, as the trainer would fail
-        raise ValueError(f"config overrides {overrides}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    return build_config(data).env
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="WebArena-Lite task sets and the site preflight")
-    ap.add_argument("--split", default="all", choices=("all", "train", "heldout"))
-    ap.add_argument("--ids", type=int, nargs="*", default=[])
-    ap.add_argument("--answer-only", action="store_true")
-    ap.add_argument("--preflight", action="store_true", help="check the browser stack and the sites the tasks need")
-    ap.add_argument("--timeout", type=float, default=10.0)
-    ap.add_argument("overrides", nargs="*", help="after --: the run's Hydra overrides; its env.webarena_lite task set "
-                    "and settings replace --split/--ids/--answer-only/--timeout, and the trainer's start check runs")
-    a = ap.parse_args(argv)
-    if a.overrides:
-        try:
-            env = run_env_config(a.overrides)
-            train, held = load_split(env, env.section)
-            startup_check(env, env.section, reset=False)  # the trainer's own check (stack, sites, judge), without the reset
-        except (RuntimeError, ValueError) as e:  # WebStackMissing and ConfigError are among them
-            print(json.dumps({"error": str(e)}))
-            return 1
-        print(json.dumps({"train": len(train), "heldout": len(held), "suite": env.webarena_lite.suite}))
-        return 0
-    tasks, counts = select(a.ids, a.split, a.answer_only)
-    out = {"counts": counts}
-    if a.preflight:
-        from esopt_mp.envs.web.stack import check
-
-        try:
-            out["stack"] = check()
-            out["sites"] = preflight({s for t in tasks for s in t["sites"]}, a.timeout)
-            if any(t["judged"] for t in tasks):
-                out["judge_models"] = judge_preflight(a.timeout)
-        except RuntimeError as e:  # WebStackMissing is one
-            print(json.dumps({**out, "error": str(e)}))
-            return 1
-    print(json.dumps(out))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The esopt_mp package's import graph, read from the source with ``ast`` (nothing is imported).
+
+Every import counts: module level and inside functions (a lazy import is still a dependency); only
+``if TYPE_CHECKING:`` blocks are skipped. A package's ``__init__.py`` is a node of its own:
+``from esopt_mp.es import X`` is an edge to ``esopt_mp.es`` (the ``__init__``), unless ``X`` is a submodule of
+``esopt_mp.es``, which makes it an edge to that submodule.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PKG = "esopt_mp"
+ROOT = Path(__file__).resolve().parents[2] / PKG
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Import nodes anywhere in the tree, except under ``if TYPE_CHECKING:`` (its ``else`` branch counts)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest known module that ``name`` is or lies in (``esopt_mp.es.noise.X`` -> ``esopt_mp.es.noise``)."""
+    parts = name.split(".")
+    while parts:
+        cand = ".".join(parts)
+        if cand in modules:
+            return cand
+        parts.pop()
+    return None
+
+
+def _lazy_exports(tree: ast.Module, mod: str) -> list[str]:
+    """A package ``__init__``'s PEP 562 table ``_EXPORTS = {"name": "submodule", ...}``: each value is an import
+    of ``mod.submodule`` made on first attribute access (invisible as an import statement, a dependency all the
+    same)."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            return [f"{mod}.{v.value}" for v in node.value.values
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    return []
+
+
+@functools.lru_cache(maxsize=None)
+def import_graph(root: Path = ROOT) -> dict[str, frozenset[str]]:
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(), filename=str(path))
+        if is_pkg:
+            graph[mod].update(m for m in _lazy_exports(tree, mod) if m in modules)
+        for node in _imports(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name == PKG or a.name.startswith(PKG + ".")]
+            else:
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    src = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                if src != PKG and not src.startswith(PKG + "."):
+                    continue
+                for alias in node.names:
+                    sub = f"{src}.{alias.name}"
+                    targets.append(sub if sub in modules else src)
+            for t in targets:
+                dst = _resolve(t, modules)
+                if dst is not None:
+                    graph[mod].add(dst)
+    return {m: frozenset(d) for m, d in graph.items()}
+
+
+def strongly_connected(graph) -> list[list[str]]:
+    """Tarjan's algorithm, iterative; components in no particular order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    comps: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                comps.append(sorted(comp))
+    return comps
+
+
+def _cycle_in(comp: list[str], graph) -> list[str]:
+    """One cycle through the component's first module (for the failure message)."""
+    members = set(comp)
+    start = comp[0]
+    prev = {start: None}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & members):
+            if w == start:
+                path = [v]
+                while prev[path[-1]] is not None:
+                    path.append(prev[path[-1]])
+                return [start] + path[::-1][1:] + [start] if len(path) > 1 else [start, v, start]
+            if w not in prev:
+                prev[w] = v
+                queue.append(w)
+    return comp
+
+
+def test_graph_sees_known_edges():
+    """The reader resolves absolute, relative, package and submodule imports (a broken reader finds no cycle)."""
+    g = import_graph()
+    assert "esopt_mp.es.philox" in g["esopt_mp.es.noise"]  # module level, absolute
+    assert "esopt_mp.es.triton_noise" in g["esopt_mp.es.noise"]  # inside a function: from esopt_mp.es import <module>
+    assert "esopt_mp.parallel.dims" in g["esopt_mp.models.loading"]
+    assert sum(len(v) for v in g.values()) > 200
+
+
+def test_reader_resolves_each_import_form(tmp_path):
+    pkg = tmp_path / PKG
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("from .x import f\n")
+    (pkg / "a" / "x.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from esopt_mp import b\n"
+                                    "def f():\n    from esopt_mp.a import y\n")
+    (pkg / "a" / "y.py").write_text("from .. import b\nfrom esopt_mp.a import f\n")
+    (pkg / "b.py").write_text("import esopt_mp.a.x\n")
+    (pkg / "c").mkdir()
+    (pkg / "c" / "__init__.py").write_text('_EXPORTS = {"g": "z"}\n')
+    (pkg / "c" / "z.py").write_text("import os\nimport esopt_mp\n")
+    g = import_graph(pkg)
+    assert g["esopt_mp.a"] == {"esopt_mp.a.x"}
+    assert g["esopt_mp.a.x"] == {"esopt_mp.a.y"}
+    assert g["esopt_mp.a.y"] == {"esopt_mp.b", "esopt_mp.a"}
+    assert g["esopt_mp.b"] == {"esopt_mp.a.x"}
+    assert g["esopt_mp.c"] == {"esopt_mp.c.z"} and g["esopt_mp.c.z"] == {"esopt_mp"}
+    assert sorted(map(sorted, (c for c in strongly_connected(g) if len(c) > 1))) == [
+        ["esopt_mp.a", "esopt_mp.a.x", "esopt_mp.a.y", "esopt_mp.b"]]
+
+
+def test_no_import_cycles():
+    g = import_graph()
+    self_loops = sorted(m for m, deps in g.items() if m in deps)
+    cycles = [c for c in strongly_connected(g) if len(c) > 1]
+    lines = [" -> ".join(_cycle_in(c, g)) + (f"  (component of {len(c)}: {', '.join(c)})" if len(c) > 2 else "")
+             for c in sorted(cycles)]
+    assert not self_loops, f"modules that import themselves: {self_loops}"
+    assert not cycles, "import cycles in esopt_mp:\n" + "\n".join(lines)
+
+
+def _edges_into(prefix_from: str, forbidden: tuple[str, ...]) -> list[str]:
+    g = import_graph()
+    return sorted(f"{m} -> {d}" for m, deps in g.items() if m == prefix_from or m.startswith(prefix_from + ".")
+                  for d in deps if any(d == f or d.startswith(f + ".") for f in forbidden))
+
+
+def test_models_import_neither_agent_nor_envs():
+    bad = _edges_into("esopt_mp.models", ("esopt_mp.agent", "esopt_mp.envs"))
+    assert not bad, "esopt_mp.models must not depend on agent/ or envs/:\n" + "\n".join(bad)
+
+
+def test_envs_import_no_layer_above():
+    above = tuple(f"esopt_mp.{p}" for p in ("agent", "models", "engine", "parallel", "trainer", "config"))
+    bad = _edges_into("esopt_mp.envs", above)
+    assert not bad, "esopt_mp.envs must not depend on the layers above it:\n" + "\n".join(bad)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 
@@ -62,13 +63,14 @@ def summary_screen(s: dict) -> str:
     """The end-of-run summary a person reads: before/after, time, memory, communication."""
     mem = s.get("peak_gpu_bytes", s.get("peak_rss_bytes", 0)) / 2**30
     where = "GPU peak allocated" if "peak_gpu_bytes" in s else "host peak RSS"
+    name = s.get("algo", "es").upper()
     lines = [
         "=" * 60,
-        f" ES run finished: {s['steps']} steps (resumed from {s['resumed_from']})",
+        f" {name} run finished: {s['steps']} steps (resumed from {s['resumed_from']})",
         f" held-out score   {s['eval_before']:.4f} -> {s['eval_after']:.4f}  ({s['eval_after'] - s['eval_before']:+.4f})",
         f" wall time        {s['seconds']:.1f} s",
         f" {where:<16} {mem:.2f} GiB",
-        f" ES comm / step   {s['comm_bytes_per_step']:.0f} bytes",
+        f" {name + ' comm / step':<16} {s['comm_bytes_per_step']:.0f} bytes",
         f" local parameters {s['params_local']:,}",
         "=" * 60,
     ]
@@ -76,7 +78,8 @@ def summary_screen(s: dict) -> str:
 
 
 def plot_run(metrics_path: str, out_png: str) -> str | None:
-    """Train return, held-out score, sigma and time per step from ``metrics.jsonl`` into one PNG."""
+    """Train return, held-out score, sigma (the baselines: KL) and time per step from ``metrics.jsonl`` into one
+    PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,8 +103,10 @@ def plot_run(metrics_path: str, out_png: str) -> str | None:
     ax[0, 0].legend()
     ax[0, 1].plot([r["eval_step"] for r in evals], [r["eval"] for r in evals], "o-")
     ax[0, 1].set_title("held-out score (sigma = 0)")
-    ax[1, 0].plot(x, [r["sigma"] for r in steps])
-    ax[1, 0].set_title("sigma")
+    third = next((k for k in ("sigma", "kl") if k in steps[0]), None)  # ES: sigma; the baselines: KL to the reference
+    if third is not None:
+        ax[1, 0].plot(x, [r.get(third, math.nan) for r in steps])
+        ax[1, 0].set_title({"sigma": "sigma", "kl": "KL to the reference policy"}[third])
     ax[1, 1].plot(x, [r["step_s"] for r in steps], label="step")
     ax[1, 1].plot(x, [r["rollout_s"] for r in steps], label="rollouts")
     ax[1, 1].set_title("seconds per step")

@@ -16,8 +16,6 @@ import json
 import logging
 import math
 import os
-import signal
-import sys
 import time
 
 import torch
@@ -32,12 +30,13 @@ from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.es.perturber import exact_restore
 from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.ledger import updates_digest
-from esopt_mp.metrics import MetricsWriter, plot_run, summary_screen
+from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import build_shards, load_model, resolve_model_dir
 from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
 from esopt_mp.health import Health
+from esopt_mp.runner import write_config
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +60,10 @@ def _schedule(cfg, steps: int) -> Schedule:
 
 
 class ESTrainer:
+    """The ES side of :class:`esopt_mp.runner.Trainer`; :func:`esopt_mp.runner.run` drives it."""
+
+    name = "es"
+
     def __init__(self, cfg: TrainConfig, dims: ParallelDims):
         self.cfg, self.dims = cfg, dims
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
@@ -126,11 +129,7 @@ class ESTrainer:
         self.ckpt = Checkpointer(cfg.run.dir, dims, cfg.run.keep_checkpoints, cfg.run.checkpoint_async, self.identity)
         self.restored_from = 0  # step of the checkpoint the resume loaded (0: none)
         self.start_step = self._resume()
-        if dims.rank == 0:
-            with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
-                json.dump(dict(cfg.to_dict(), base_model=path, config_hash=self.config_hash,
-                               identity=self.identity["fields"]), f, indent=1)
-        self._stop_requested = False
+        write_config(cfg, dims.rank, path, self.identity)
         self.health = Health(cfg.run.degenerate_steps, cfg.run.stop_on_degenerate)
         log.info("ES on %d local parameters in %d tensors (%s restore, master %s), starting at step %d",
                  self.perturber.numel, len(self.shards), es.restore, es.master, self.start_step)
@@ -174,6 +173,10 @@ class ESTrainer:
         return f"; it differs in: {what}" if what else ""
 
     # ------------------------------------------------------------------ run
+    @property
+    def steps(self) -> int:
+        return self.cfg.es.steps
+
     @property
     def comm(self) -> CommStats:
         """Bytes this trainer's collectives moved (counted at the calls, TP channel included)."""
@@ -273,54 +276,19 @@ class ESTrainer:
         gathered = [tr for part in self.dims.comm.all_gather_object(mine) for tr in part]
         return sorted(gathered, key=lambda tr: tr.member)  # stable: a member's episodes keep their order
 
-    def checkpoint(self, step: int) -> str:
+    def save(self, step: int) -> str:
         """Start saving the weights after ``step`` steps, tied to the ledger's updates (finished by poll/wait)."""
         return self.ckpt.save(step, self.perturber, self._updates.hexdigest()[:16])
 
-    def _on_signal(self, signum, frame):
-        log.warning("signal %d: finishing the current step, then checkpoint and exit", signum)
-        self._stop_requested = True
+    def poll(self) -> None:
+        self.ckpt.poll()
 
-    def train(self) -> dict:
+    def wait(self) -> None:
+        self.ckpt.wait()
+
+    def finish(self) -> dict:
+        """``run.export``: run.dir/export, a plain HF directory of the final weights; the summary's own fields."""
         cfg, dims = self.cfg, self.dims
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
-        t_start = time.perf_counter()
-        before = self.evaluate()
-        self.metrics.write({"eval_step": self.start_step, "eval": before})
-        log.info("held-out score at step %d: %.4f", self.start_step, before)
-        bar = tqdm(range(self.start_step, cfg.es.steps), desc="ES steps", disable=dims.rank != 0, dynamic_ncols=True,
-                   initial=self.start_step, total=cfg.es.steps)
-        for t in bar:
-            rec = self.step(t)
-            bar.set_postfix(ret=f"{rec['return_mean']:.4f}", sigma=f"{rec['sigma']:.1e}")
-            if t % cfg.run.log_every == 0 or t == cfg.es.steps - 1:
-                self.metrics.write(rec)
-            if cfg.run.eval_every and (t + 1) % cfg.run.eval_every == 0 and t + 1 < cfg.es.steps:
-                self.metrics.write({"eval_step": t + 1, "eval": self.evaluate()})
-            last = t + 1 == cfg.es.steps
-            stop = dims.comm.any(self._stop_requested)  # one verdict for all ranks, at the step boundary
-            if stop or last or (cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0):
-                self.checkpoint(t + 1)  # written in the background while the next steps run
-            if stop or last:
-                self.ckpt.wait()
-            else:
-                self.ckpt.poll()  # a finished background write becomes a complete checkpoint now
-            if stop and not last:
-                log.warning("stopped after step %d on request; rerun the same command to resume", t)
-                return {"stopped_at": t + 1}
-        after = self.evaluate()
-        self.metrics.write({"eval_step": cfg.es.steps, "eval": after})
-        summary = {"eval_before": before, "eval_after": after, "steps": cfg.es.steps, "resumed_from": self.start_step,
-                   "seconds": time.perf_counter() - t_start,
-                   "comm_bytes_per_step": self.comm.total / max(1, cfg.es.steps - self.start_step),
-                   "params_local": self.perturber.numel}
-        if torch.cuda.is_available():
-            summary["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
-        else:
-            import resource
-
-            summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if cfg.run.export:
             out = os.path.join(cfg.run.dir, "export")
             if self.model is not None:
@@ -328,18 +296,13 @@ class ESTrainer:
             else:  # vllm: the final checkpoint's canonical boxes, in the base model's HF layout, written by rank 0
                 done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
                 if not done or done[-1][0] != cfg.es.steps:  # e.g. a rerun of a finished run with a lost checkpoint
-                    self.checkpoint(cfg.es.steps)
-                    self.ckpt.wait()
+                    self.save(cfg.es.steps)
+                    self.wait()
                     done = checkpoint_steps(cfg.run.dir, cfg.es.steps)
                 if dims.rank == 0:
                     export_checkpoint(done[-1][1], self.base_path, out, getattr(torch, cfg.model.dtype))
             dims.comm.barrier()
-        self.metrics.write({"summary": summary})
-        if dims.rank == 0:
-            plot_run(self.metrics.path, os.path.join(cfg.run.dir, "training.png"))
-            print(summary_screen(summary), file=sys.stderr)
-        log.info("held-out score: %.4f -> %.4f over %d steps", before, after, cfg.es.steps)
-        return summary
+        return {"params_local": self.perturber.numel}
 
     def close(self) -> None:
         if getattr(self, "ckpt", None) is not None:

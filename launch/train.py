@@ -1,4 +1,4 @@
-"""Training entry point: compose config -> discover ranks -> build -> train -> close.
+"""Training entry point: compose config -> discover ranks -> build the trainer -> run it (esopt_mp.runner) -> close.
 
     python launch/train.py                                   # embedded default, CPU (ES)
     python launch/train.py algo=grpo                         # the same agent and tasks, GRPO (or algo=ppo)
@@ -63,6 +63,7 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
     from esopt_mp.parallel import close_distributed, discover, init_distributed
+    from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
 
     launch = discover()
@@ -83,8 +84,7 @@ def main(hcfg: DictConfig) -> None:
                                   or max(1, (os.cpu_count() or 1) // launch.local_world_size)))
     dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
                             use_deepspeed=cfg.parallel.launcher == "deepspeed", timeout_s=cfg.parallel.timeout_s)
-    trainer = None
-    stopped = False
+    trainer, code = None, 0
     try:
         try:
             if cfg.algo.name == "es":
@@ -95,21 +95,18 @@ def main(hcfg: DictConfig) -> None:
                 trainer = BaselineTrainer(cfg, dims)
         except (StartupError, LedgerError, CheckpointError) as e:  # the environment cannot be played here (its
             print(f"error: {e}", file=sys.stderr)  # sandbox, browsers, server, tasks), or the run.dir holds another
-            stopped = None  # run (its config hash) or a checkpoint that cannot be resumed: one line
+            code = 2  # run (its config hash) or a checkpoint that cannot be resumed: one line
         if trainer is not None:
-            summary = trainer.train()
+            summary = run(trainer)
             if launch.rank == 0:
                 print(json.dumps(summary))
-            if "stopped_at" in summary:
-                stopped = True
+            code = STOPPED_EXIT if "stopped_at" in summary else 0  # 75: requeue me (the slurm scripts resubmit)
     finally:
         if trainer is not None:
             trainer.close()
         close_distributed()
-    if stopped is None:
-        sys.exit(2)
-    if stopped:
-        sys.exit(STOPPED_EXIT)  # requeue me: the slurm scripts resubmit on this code
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ stream; each dp group plays its share (task j on group j % dp), every task
 peers, and every rank builds the same :class:`TokenBatch` and takes one
 :meth:`PolicyOptimizer.update`. ``metrics.jsonl`` gets the ES trainer's
 records (``step``/``return_mean``/``return_max``, ``eval_step``/``eval``,
-``summary``), so curves overlay. The final checkpoint is a ``torch.save`` of
-each rank's weights and optimizer state (``baseline/rank<r>.pt``); resuming
-from it is not implemented.
+``summary``), so curves overlay; :func:`esopt_mp.runner.run` drives it as it
+drives ES (evaluations, checkpoints, the stop on a signal, the summary). A
+checkpoint is a ``torch.save`` of each rank's weights and optimizer state
+(``baseline/rank<r>.pt``); resuming from it is not implemented, so a run.dir
+holding a stopped run is refused.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -21,18 +22,20 @@ import random
 import time
 
 import torch
-from tqdm.auto import tqdm
 
 from esopt_mp.agent.loop import build_agent_config, follow_episodes
 from esopt_mp.baselines import build_baseline, build_token_batch
+from esopt_mp.checkpoint import CheckpointError
 from esopt_mp.config import TrainConfig
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
-from esopt_mp.identity import config_hash
+from esopt_mp.identity import config_identity
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
-from esopt_mp.parallel import ParallelDims
+from esopt_mp.parallel import CommStats, ParallelDims
+from esopt_mp.resume import agree_on_failure
+from esopt_mp.runner import write_config
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,10 @@ class BaselineTrainer:
         from esopt_mp.agent.objective import AgentObjective
 
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
+        self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
+        self.name, self.start_step = cfg.algo.name, 0  # its checkpoint is not resumed: every run starts at step 0
         self.steps = cfg.algo.steps or cfg.es.steps
+        self._refuse_a_stopped_run()
         self.seed = cfg.es.seed  # the run seed: tasks, episodes and evaluation draw from its streams
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
@@ -65,10 +71,9 @@ class BaselineTrainer:
         self.objective = AgentObjective(cfg.env, cfg.engine, self.seed, self.model, self.tokenizer, dims, traj)
         self.rollout_cfg = build_agent_config(cfg.env, rollout_sampling(cfg.engine, cfg.algo))
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
-        self.config_hash = config_hash(cfg, path)
-        if dims.rank == 0:
-            with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
-                json.dump(dict(cfg.to_dict(), base_model=path, config_hash=self.config_hash), f, indent=1)
+        identity = config_identity(cfg, path)
+        self.config_hash = identity["hash"]
+        write_config(cfg, dims.rank, path, identity)
         n = sum(p.numel() for p in self.model.parameters())
         log.info("%s on %d local parameters (%s weights), %d tasks x %d rollouts per step", cfg.algo.name.upper(), n,
                  cfg.model.dtype, cfg.algo.tasks_per_step, cfg.algo.generations)
@@ -107,8 +112,17 @@ class BaselineTrainer:
         return batch, [*totals.tolist(), float(best[0])]
 
     # ------------------------------------------------------------------ run
+    @property
+    def comm(self) -> CommStats:
+        """Bytes this trainer's collectives moved (counted at the calls)."""
+        return self.dims.comm.stats - self._comm0
+
     def evaluate(self) -> float:
-        return self.objective.evaluate(self.model, None)
+        """Held-out Mean@k with the current weights; its detail (Pass@k, failures) to metrics, as ES writes it."""
+        score = self.objective.evaluate(self.model, None)
+        if getattr(self.objective, "last_eval", None):
+            self.metrics.write({"eval_detail": self.objective.last_eval})
+        return score
 
     def step(self, t: int) -> dict:
         t0 = time.perf_counter()
@@ -130,38 +144,26 @@ class BaselineTrainer:
         os.replace(path + ".tmp", path)
         return path
 
-    def train(self) -> dict:
-        cfg, dims = self.cfg, self.dims
-        t_start = time.perf_counter()
-        before = self.evaluate()
-        self.metrics.write({"eval_step": 0, "eval": before})
-        bar = tqdm(range(self.steps), desc=f"{self.algo.name.upper()} steps", disable=dims.rank != 0,
-                   dynamic_ncols=True)
-        for t in bar:
-            rec = self.step(t)
-            bar.set_postfix(ret=f"{rec['return_mean']:.4f}", kl=f"{rec.get('kl', 0.0):.1e}")
-            if t % cfg.run.log_every == 0 or t == self.steps - 1:
-                self.metrics.write(rec)
-            if cfg.run.eval_every and (t + 1) % cfg.run.eval_every == 0 and t + 1 < self.steps:
-                self.metrics.write({"eval_step": t + 1, "eval": self.evaluate()})
-            if cfg.run.checkpoint_every and (t + 1) % cfg.run.checkpoint_every == 0 and t + 1 < self.steps:
-                self.save(t + 1)
-        self.save(self.steps)
-        after = self.evaluate()
-        self.metrics.write({"eval_step": self.steps, "eval": after})
-        summary = {"algo": self.algo.name, "eval_before": before, "eval_after": after, "steps": self.steps,
-                   "resumed_from": 0, "seconds": time.perf_counter() - t_start,
-                   "comm_bytes_per_step": dims.comm.stats.total / self.steps,
-                   "params_local": sum(p.numel() for p in self.model.parameters())}
-        if torch.cuda.is_available():
-            summary["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
-        else:
-            import resource
+    def _refuse_a_stopped_run(self) -> None:
+        """A run.dir whose checkpoint is of a stopped run: refused on every rank at once, in one line. The checkpoint
+        is not resumed, so a requeue on the stop's exit status would start at step 0 over it again and again."""
+        path, err = os.path.join(self.cfg.run.dir, "baseline", f"rank{self.dims.rank}.pt"), None
+        if os.path.isfile(path):
+            done = torch.load(path, map_location="cpu", mmap=True, weights_only=True)["step"]  # tensors stay on disk
+            if done < self.steps:
+                err = CheckpointError(f"run.dir={self.cfg.run.dir} holds a {self.name.upper()} run stopped after "
+                                      f"{done} of {self.steps} steps ({path}); a baseline run does not resume: "
+                                      "start it in a new run.dir")
+        agree_on_failure(self.dims, err, "starting the run")
 
-            summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        self.metrics.write({"summary": summary})
-        log.info("%s held-out score: %.4f -> %.4f over %d steps", self.algo.name.upper(), before, after, self.steps)
-        return summary
+    def poll(self) -> None:
+        """Saves are synchronous: nothing in flight."""
+
+    def wait(self) -> None:
+        """Saves are synchronous: nothing in flight."""
+
+    def finish(self) -> dict:
+        return {"algo": self.algo.name, "params_local": sum(p.numel() for p in self.model.parameters())}
 
     def close(self) -> None:
         self.metrics.close()

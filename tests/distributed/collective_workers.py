@@ -71,6 +71,7 @@ def agent_cfg(dp: int, tp: int, run_dir: str, steps: int = 2, n_eval: int = 7):
 def recorded_run_worker(rank: int, world: int, dp: int, tp: int, run_dir: str, out_path: str) -> None:
     """dp x tp agent run: eval, step 0 (a TP peer of dp group 1 alone gets SIGUSR1), stop agreed, checkpoint."""
     from esopt_mp.parallel import discover, init_distributed
+    from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
 
     records: list = []
@@ -93,6 +94,6 @@ def recorded_run_worker(rank: int, world: int, dp: int, tp: int, run_dir: str, o
     trainer.objective.play = counting_play  # TP leaders play; their peers follow
     trainer.objective.evaluate = signalling_eval
     trainer.evaluate = lambda: evals.append(evaluate()) or evals[-1]
-    summary = trainer.train()
+    summary = run(trainer)
     torch.save({"records": records, "summary": summary, "played": played, "evals": evals,
                 "comm_device": str(dims.comm_device), "comm": trainer.comm}, f"{out_path}.{rank}")

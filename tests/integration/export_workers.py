@@ -8,6 +8,7 @@ import torch
 
 from esopt_mp.config import build_config
 from esopt_mp.es import local_noise
+from esopt_mp.runner import Stop, run
 from esopt_mp.trainer import ESTrainer
 
 IDS = torch.arange(1, 13).view(2, 6)
@@ -55,12 +56,11 @@ def train_interrupted_then_resumed(model_path: str, run_dir: str, tp: int, dims)
     cfg = run_cfg(model_path, run_dir, tp)
     trainer = ESTrainer(cfg, dims)
     tied = tied_perturbation(trainer)
-    trainer._stop_requested = True
-    stopped = trainer.train()
+    stopped = run(trainer, Stop(requested=True))
     trainer.close()
     trainer = ESTrainer(cfg, dims)
     start = trainer.start_step
-    trainer.train()
+    run(trainer)
     with torch.no_grad():
         logits = trainer.model(input_ids=IDS).logits
     logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits

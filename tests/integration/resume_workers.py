@@ -25,9 +25,9 @@ def segment_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run
     for t in range(start, stop_at):
         trainer.step(t)
         if t + 1 < stop_at and t == start:
-            trainer.checkpoint(t + 1)
+            trainer.save(t + 1)
         trainer.ckpt.poll()
-    trainer.checkpoint(stop_at)
+    trainer.save(stop_at)
     trainer.ckpt.wait()
     state = full_state_dict(trainer.model)
     trainer.close()

@@ -1,8 +1,10 @@
 """`python launch/train.py algo=grpo|ppo` on the embedded default: same metrics records as ES runs."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -29,9 +31,39 @@ def test_launch_baseline_writes_es_compatible_metrics(tmp_path, algo):
     assert [r["step"] for r in steps] == [0, 1] and all(r["episodes"] == 4 for r in steps)
     assert all(k in steps[0] for k in ("return_mean", "return_max", "grad_norm", "pg_loss"))
     assert [r["eval_step"] for r in rows if "eval" in r] == [0, 2]
+    assert sum("eval_detail" in r for r in rows) == 2  # Mean@k / Pass@k beside each evaluation, as ES writes them
+    assert (tmp_path / "run" / "training.png").stat().st_size > 10_000 and f"{algo.upper()} run finished" in proc.stderr
     assert {"eval_before", "eval_after", "seconds"} <= set(rows[-1]["summary"])
     assert (tmp_path / "run" / "baseline" / "rank0.pt").stat().st_size > 1_000_000  # weights + AdamW states
     assert json.loads((tmp_path / "run" / "config.json").read_text())["algo"]["name"] == algo
+
+
+def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_path):
+    """SIGUSR1 during a GRPO run: it finishes the step, saves its checkpoint and exits 75 (as ES does); the
+    checkpoint is not resumed, so the rerun (a requeue) is refused in one line, exit 2, instead of starting over."""
+    run_dir, steps = tmp_path / "run", 6
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    args = [sys.executable, "launch/train.py", "algo=grpo", *SHORT, f"es.steps={steps}", "run.checkpoint_every=0",
+            f"run.dir={run_dir}"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = run_dir / "metrics.jsonl", time.time() + 300
+    while time.time() < deadline and proc.poll() is None and \
+            not (metrics.exists() and '"step": 0' in metrics.read_text()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 75, err[-3000:]
+    stopped = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])["stopped_at"]
+    assert 1 <= stopped < steps and f"stopped after step {stopped - 1} on request" in err
+    import torch
+
+    ckpt = run_dir / "baseline" / "rank0.pt"
+    assert torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)["step"] == stopped
+    rerun = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 2
+    assert rerun.stderr.strip().splitlines()[-1] == (
+        f"error: run.dir={run_dir} holds a GRPO run stopped after {stopped} of {steps} steps ({ckpt}); "
+        "a baseline run does not resume: start it in a new run.dir")
 
 
 def test_unknown_algo_is_one_clear_line(tmp_path):

@@ -21,6 +21,7 @@ def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_c
     dead site. Its return is 1/3 (the crashes are losses; the site is left out), not 1.0 as when crashes were
     left out too; the ledger and the step log count 2 model failures and 1 infrastructure fault per member."""
     import esopt_mp.agent.objective as objective
+    from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
 
     monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: Zero())
@@ -36,7 +37,7 @@ def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_c
     for task in trainer.objective.eval_tasks:
         task["do"] = "crash"
     try:
-        trainer.train()
+        run(trainer)
     finally:
         trainer.close()
     with open(tmp_path / "history.jsonl") as f:

@@ -17,6 +17,7 @@ class BrokenSandboxEnv:
 
 def test_all_episodes_failing_is_loud_and_stops(tmp_path, monkeypatch, caplog):
     import esopt_mp.agent.objective as objective
+    from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
 
     monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: BrokenSandboxEnv())
@@ -28,7 +29,7 @@ def test_all_episodes_failing_is_loud_and_stops(tmp_path, monkeypatch, caplog):
     trainer = ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
     with caplog.at_level(logging.ERROR, logger="esopt_mp.health"), \
             pytest.raises(DegenerateRunError, match=r"2 consecutive steps learned nothing.*returns are NaN.*bwrap"):
-        trainer.train()
+        run(trainer)
     assert "step 0 learned nothing (1 step(s) in a row): all 4 returns are NaN: every episode failed; " \
            "sample errors: episode sudoku4" in caplog.text and "reset: PermissionError: bwrap" in caplog.text
     with open(tmp_path / "history.jsonl") as f:

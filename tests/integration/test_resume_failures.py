@@ -24,7 +24,7 @@ def test_a_read_failure_on_one_rank_fails_every_rank_with_the_same_line(tmp_path
     tr = ESTrainer(_cfg(1, 1, model, run, "seed_hash", 4, population=4), ParallelDims(1, 1, 1))
     for t in range(2):
         tr.step(t)
-    tr.checkpoint(2)
+    tr.save(2)
     tr.ckpt.wait()
     tr.close()
     run_world(2, failing_read_worker, model, run, str(tmp_path / "got"), timeout=300)

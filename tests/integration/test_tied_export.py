@@ -26,6 +26,7 @@ def variants(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tp1(variants, tmp_path_factory):
     """Per variant: an uninterrupted run A, an interrupted + resumed run B, and a replay of A."""
+    from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
     from tools.replay import replay
 
@@ -34,7 +35,7 @@ def tp1(variants, tmp_path_factory):
     for name, path in variants.items():
         run_a = str(root / name / "a")
         trainer = ESTrainer(W.run_cfg(path, run_a), ParallelDims(1, 1, 1))
-        trainer.train()
+        run(trainer)
         with torch.no_grad():
             logits = trainer.model(input_ids=W.IDS).logits
             gen = trainer.model.generate(W.IDS[:1], max_new_tokens=6, do_sample=False)

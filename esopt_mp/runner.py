@@ -1,0 +1,150 @@
+"""One run loop for every trainer (ES, GRPO, PPO): evaluate, steps, checkpoints, stop, summary.
+
+A trainer brings its step, its held-out evaluation and its checkpoints (:class:`Trainer`); :func:`run` owns the
+order and the cadence around them, so the trainers cannot drift apart in what a run logs, when it evaluates and
+saves, how it stops on a signal and what its summary holds.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from tqdm.auto import tqdm
+
+from esopt_mp.metrics import plot_run, summary_screen
+
+if TYPE_CHECKING:
+    from esopt_mp.config import TrainConfig
+    from esopt_mp.metrics import MetricsWriter
+    from esopt_mp.parallel import CommStats, ParallelDims
+
+log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class Trainer(Protocol):
+    """What :func:`run` drives. ``steps`` is the run's length; a resumed run starts at ``start_step``."""
+
+    name: str  # "es", "grpo", "ppo": the progress bar's and the log's label
+    cfg: TrainConfig
+    dims: ParallelDims
+    metrics: MetricsWriter
+    start_step: int
+    steps: int
+
+    @property
+    def comm(self) -> CommStats:
+        """Bytes this trainer's collectives moved since it was built."""
+
+    def step(self, t: int) -> dict:
+        """Step ``t``; its metrics record."""
+
+    def evaluate(self) -> float:
+        """Held-out score of the current weights (details, if any, to the trainer's metrics)."""
+
+    def save(self, step: int) -> None:
+        """Start a checkpoint of the weights after ``step`` steps (finished by :meth:`poll` or :meth:`wait`)."""
+
+    def poll(self) -> None:
+        """Complete a checkpoint whose background write finished."""
+
+    def wait(self) -> None:
+        """Finish the pending checkpoint."""
+
+    def finish(self) -> dict:
+        """After the final evaluation: exports; the trainer's own summary fields (``params_local``, ...)."""
+
+    def close(self) -> None: ...
+
+
+class Stop:
+    """A stop request (SIGUSR1 / SIGTERM by default): the run checkpoints after the current step and returns.
+
+    ``requested`` may be set directly (a test stopping after the first step)."""
+
+    def __init__(self, requested: bool = False):
+        self.requested = requested
+
+    def __call__(self, signum, frame) -> None:
+        log.warning("signal %d: finishing the current step, then checkpoint and exit", signum)
+        self.requested = True
+
+
+def write_config(cfg: TrainConfig, rank: int, base_model: str, identity: dict) -> None:
+    """``run.dir/config.json`` (rank 0): the whole config, the resolved model and the run identity (``identity``
+    from :func:`esopt_mp.identity.config_identity`), from which a replay rebuilds the run and a refusal names what
+    differs."""
+    if rank != 0:
+        return
+    with open(os.path.join(cfg.run.dir, "config.json"), "w") as f:
+        json.dump(dict(cfg.to_dict(), base_model=base_model, config_hash=identity["hash"],
+                       identity=identity["fields"]), f, indent=1)
+
+
+def peak_memory() -> dict:
+    """The process's peak memory: ``peak_gpu_bytes`` (allocated by torch) on CUDA, else ``peak_rss_bytes``."""
+    if torch.cuda.is_available():
+        return {"peak_gpu_bytes": torch.cuda.max_memory_allocated()}
+    import resource
+
+    return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def run(trainer: Trainer, stop: Stop | None = None) -> dict:
+    """Evaluate, take steps ``start_step .. steps - 1``, evaluate, export: the summary, or ``{"stopped_at": n}``
+    when a stop request (on any rank: the ranks agree at the step boundary) ended the run after ``n`` steps."""
+    stop = stop if stop is not None else Stop()
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        return _run(trainer, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(trainer: Trainer, stop: Stop) -> dict:
+    run_cfg, dims, metrics, steps, name = trainer.cfg.run, trainer.dims, trainer.metrics, trainer.steps, trainer.name
+    t_start = time.perf_counter()
+    before = trainer.evaluate()
+    metrics.write({"eval_step": trainer.start_step, "eval": before})
+    log.info("held-out score at step %d: %.4f", trainer.start_step, before)
+    bar = tqdm(range(trainer.start_step, steps), desc=f"{name.upper()} steps", disable=dims.rank != 0,
+               dynamic_ncols=True, initial=trainer.start_step, total=steps)
+    for t in bar:
+        rec = trainer.step(t)
+        bar.set_postfix(ret=f"{rec['return_mean']:.4f}",
+                        **{k: f"{rec[k]:.1e}" for k in ("sigma", "kl") if isinstance(rec.get(k), (int, float))})
+        if t % run_cfg.log_every == 0 or t == steps - 1:
+            metrics.write(rec)
+        if run_cfg.eval_every and (t + 1) % run_cfg.eval_every == 0 and t + 1 < steps:
+            metrics.write({"eval_step": t + 1, "eval": trainer.evaluate()})
+        last = t + 1 == steps
+        stopping = dims.comm.any(stop.requested)  # one verdict for all ranks, at the step boundary
+        if stopping or last or (run_cfg.checkpoint_every and (t + 1) % run_cfg.checkpoint_every == 0):
+            trainer.save(t + 1)  # written in the background while the next steps run (where the trainer can)
+        if stopping or last:
+            trainer.wait()
+        else:
+            trainer.poll()  # a finished background write becomes a complete checkpoint now
+        if stopping and not last:
+            log.warning("stopped after step %d on request; rerun the same command to resume", t)
+            return {"stopped_at": t + 1}
+    after = trainer.evaluate()
+    metrics.write({"eval_step": steps, "eval": after})
+    summary = {"eval_before": before, "eval_after": after, "steps": steps, "resumed_from": trainer.start_step,
+               "seconds": time.perf_counter() - t_start,
+               "comm_bytes_per_step": trainer.comm.total / max(1, steps - trainer.start_step)}
+    memory = peak_memory()  # of the training, before an export's copies
+    summary = {**summary, **trainer.finish(), **memory}
+    metrics.write({"summary": summary})
+    if dims.rank == 0:
+        plot_run(metrics.path, os.path.join(run_cfg.dir, "training.png"))
+        print(summary_screen(summary), file=sys.stderr)
+    log.info("%s held-out score: %.4f -> %.4f over %d steps", name.upper(), before, after, steps)
+    return summary

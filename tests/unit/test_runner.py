@@ -1,0 +1,183 @@
+"""The run loop on a fake trainer (no model, no process group): what it calls when, what it logs, how it stops."""
+import json
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from esopt_mp.config import RunConfig, build_config
+from esopt_mp.identity import config_hash, config_identity
+from esopt_mp.metrics import MetricsWriter, summary_screen
+from esopt_mp.runner import Stop, run, write_config
+
+COMM_BYTES = 600
+
+
+class AnyComm:
+    """The stop agreement's all-reduce on one rank: the verdict is the local flag; every call is recorded."""
+
+    def __init__(self):
+        self.flags = []
+
+    def any(self, flag: bool) -> bool:
+        self.flags.append(flag)
+        return flag
+
+
+class FakeTrainer:
+    name = "fake"
+
+    def __init__(self, run_dir, steps=5, start=0, rank=0, third="sigma", signal_at=None, **run):
+        self.cfg = SimpleNamespace(run=RunConfig(dir=str(run_dir), **run))
+        self.dims = SimpleNamespace(rank=rank, comm=AnyComm())
+        os.makedirs(run_dir, exist_ok=True)
+        self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"), rank, tensorboard=False)
+        self.start_step, self.steps, self.third, self.signal_at = start, steps, third, signal_at
+        self.comm = SimpleNamespace(total=COMM_BYTES)
+        self.calls, self.evals = [], 0
+
+    def step(self, t):
+        self.calls.append(("step", t))
+        if t == self.signal_at:
+            os.kill(os.getpid(), signal.SIGUSR1)  # mid-step, as a scheduler's warning arrives
+        return {"step": t, "return_mean": t / 10, "return_max": t / 5, self.third: 0.01, "rollout_s": 1.0,
+                "step_s": 1.5}
+
+    def evaluate(self):
+        self.calls.append(("evaluate",))
+        self.evals += 1
+        return self.evals / 100
+
+    def save(self, step):
+        self.calls.append(("save", step))
+
+    def poll(self):
+        self.calls.append(("poll",))
+
+    def wait(self):
+        self.calls.append(("wait",))
+
+    def finish(self):
+        self.calls.append(("finish",))
+        return {"params_local": 42}
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def _records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_order_of_calls_and_the_cadences(tmp_path):
+    tr = FakeTrainer(tmp_path, steps=5, log_every=2, eval_every=2, checkpoint_every=3)
+    summary = run(tr)
+    assert tr.calls == [("evaluate",),
+                        ("step", 0), ("poll",),
+                        ("step", 1), ("evaluate",), ("poll",),
+                        ("step", 2), ("save", 3), ("poll",),
+                        ("step", 3), ("evaluate",), ("poll",),
+                        ("step", 4), ("save", 5), ("wait",),  # the last step: the final checkpoint, waited for
+                        ("evaluate",), ("finish",)]  # close is the caller's
+    assert tr.dims.comm.flags == [False] * 5  # one stop agreement per step
+    rows = _records(tmp_path)
+    assert [(r.get("step"), r.get("eval_step")) for r in rows[:-1]] == \
+        [(None, 0), (0, None), (None, 2), (2, None), (None, 4), (4, None), (None, 5)]
+    assert [r["eval"] for r in rows if "eval" in r] == [0.01, 0.02, 0.03, 0.04]
+    assert rows[-1] == {"summary": summary}
+    assert set(summary) == {"eval_before", "eval_after", "steps", "resumed_from", "seconds", "comm_bytes_per_step",
+                            "params_local", "peak_gpu_bytes" if "peak_gpu_bytes" in summary else "peak_rss_bytes"}
+    assert (summary["eval_before"], summary["eval_after"], summary["steps"], summary["resumed_from"]) == \
+        (0.01, 0.04, 5, 0)
+    assert summary["comm_bytes_per_step"] == COMM_BYTES / 5 and summary["params_local"] == 42
+    assert (tmp_path / "training.png").stat().st_size > 0
+
+
+def test_the_last_step_is_logged_and_no_eval_repeats_the_final_one(tmp_path):
+    tr = FakeTrainer(tmp_path, steps=4, log_every=3, eval_every=4, checkpoint_every=0)
+    run(tr)
+    rows = _records(tmp_path)
+    assert [r["step"] for r in rows if "step" in r] == [0, 3]
+    assert [r["eval_step"] for r in rows if "eval" in r] == [0, 4]
+    assert [c for c in tr.calls if c[0] == "save"] == [("save", 4)]
+
+
+def test_a_signal_mid_step_checkpoints_after_that_step_and_stops(tmp_path):
+    before = signal.getsignal(signal.SIGUSR1)
+    tr = FakeTrainer(tmp_path, steps=5, signal_at=1, checkpoint_every=0)
+    assert run(tr) == {"stopped_at": 2}
+    assert tr.calls == [("evaluate",), ("step", 0), ("poll",), ("step", 1), ("save", 2), ("wait",)]
+    assert tr.dims.comm.flags == [False, True]
+    assert signal.getsignal(signal.SIGUSR1) == before  # the run's handler is gone with the run
+    assert not any("summary" in r for r in _records(tmp_path))
+
+
+def test_a_stop_on_the_last_step_finishes_the_run(tmp_path):
+    tr = FakeTrainer(tmp_path, steps=1, checkpoint_every=0)
+    summary = run(tr, Stop(requested=True))
+    assert tr.calls == [("evaluate",), ("step", 0), ("save", 1), ("wait",), ("evaluate",), ("finish",)]
+    assert summary["steps"] == 1
+
+
+def test_a_resumed_run_starts_at_its_step(tmp_path):
+    tr = FakeTrainer(tmp_path, steps=5, start=3, checkpoint_every=0)
+    summary = run(tr)
+    assert [c[1] for c in tr.calls if c[0] == "step"] == [3, 4]
+    assert [r["eval_step"] for r in _records(tmp_path) if "eval" in r] == [3, 5]
+    assert summary["resumed_from"] == 3 and summary["comm_bytes_per_step"] == COMM_BYTES / 2
+
+
+def test_other_ranks_write_no_metrics_nor_plot(tmp_path):
+    tr = FakeTrainer(tmp_path, steps=2, rank=1)
+    assert run(tr)["steps"] == 2
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "training.png").exists()
+
+
+def test_a_baselines_records_plot_with_their_kl(tmp_path):
+    """The baselines' step records carry ``kl``, not ``sigma``: the plot shows it instead."""
+    tr = FakeTrainer(tmp_path, steps=2, third="kl")
+    run(tr)
+    assert (tmp_path / "training.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("summary,first", [({}, " ES run finished"), ({"algo": "grpo"}, " GRPO run finished")])
+def test_the_summary_screen_names_the_algorithm(summary, first):
+    s = dict(summary, steps=2, resumed_from=0, eval_before=0.25, eval_after=0.5, seconds=3.0, peak_rss_bytes=2**30,
+             comm_bytes_per_step=8.0, params_local=10)
+    lines = summary_screen(s).splitlines()
+    assert lines[1].startswith(first) and f"{s.get('algo', 'es').upper()} comm / step" in lines[5]
+
+
+def test_config_json_is_written_by_rank_0_only_and_rebuilds_the_run(tmp_path):
+    cfg = build_config({"run": {"dir": str(tmp_path)}}, 1)
+    identity = config_identity(cfg)
+    write_config(cfg, 1, "/models/base", identity)
+    assert not (tmp_path / "config.json").exists()
+    write_config(cfg, 0, "/models/base", identity)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert (saved.pop("base_model"), saved.pop("config_hash"), saved.pop("identity")) == \
+        ("/models/base", config_hash(cfg), identity["fields"])
+    assert config_hash(build_config(saved, 1)) == config_hash(cfg)
+
+
+def test_a_baseline_run_dir_holding_a_stopped_run_is_refused(tmp_path):
+    """A stopped baseline run exits as ES does (requeue me), but its checkpoint is not resumed: the requeued
+    start is refused in one line instead of training from step 0 over it again."""
+    import torch
+
+    from esopt_mp.baselines.trainer import BaselineTrainer
+    from esopt_mp.checkpoint import CheckpointError
+    from esopt_mp.parallel import ParallelDims
+
+    cfg = build_config({"run": {"dir": str(tmp_path)}, "algo": {"name": "grpo"}, "es": {"steps": 3},
+                        "objective": {"name": "agent"}, "model": {"path": "builtin:tiny_agent"}}, 1)
+    (tmp_path / "baseline").mkdir()
+    torch.save({"step": 2, "model": {"w": torch.zeros(3)}}, tmp_path / "baseline" / "rank0.pt")
+    with pytest.raises(CheckpointError, match=r"holds a GRPO run stopped after 2 of 3 steps .*does not resume"):
+        BaselineTrainer(cfg, ParallelDims(1, 1, 1))
+    torch.save({"step": 3, "model": {"w": torch.zeros(3)}}, tmp_path / "baseline" / "rank0.pt")
+    finished = BaselineTrainer.__new__(BaselineTrainer)  # a finished run's dir may be trained again (as before)
+    finished.cfg, finished.dims, finished.name, finished.steps = cfg, ParallelDims(1, 1, 1), "grpo", 3
+    finished._refuse_a_stopped_run()

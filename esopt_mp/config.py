@@ -10,6 +10,7 @@ Importing it loads no torch. The config hash is :func:`esopt_mp.identity.config_
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from esopt_mp.baselines.config import ALGOS, AlgoConfig
 from esopt_mp.engine.config import EngineConfig
@@ -23,18 +24,50 @@ from esopt_mp.typed import ConfigError, check, from_dict
 __all__ = ["ALGOS", "ConfigError", "ObjectiveConfig", "RunConfig", "TrainConfig", "build_config", "open_sections"]
 
 
+MOVED = {"es.seed": "run.seed (the run seed of every trainer: ES members, tasks, episodes, evaluation)"}
+
+
+def _moved(data: dict, prefix: str = "") -> None:
+    """A key of :data:`MOVED` in a composed dict (YAML, a saved config) is refused, naming its new spelling."""
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if key in MOVED:
+            raise ConfigError(f"{key} is now {MOVED[key]}")
+        if isinstance(v, dict) and any(m.startswith(key + ".") for m in MOVED):
+            _moved(v, key)
+
+
+def _field_paths(cls, prefix: str = "") -> set[str]:
+    """Every dotted field of dataclass ``cls`` and of the dataclasses it nests (``es.sigma.start``...)."""
+    out, hints = set(), typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        out.add(key)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out |= _field_paths(hints[f.name], key)
+    return out
+
+
 def open_sections(overrides: list[str]) -> list[str]:
-    """Hydra overrides with ``env.<name>.<key>=v`` made ``++env.<name>.<key>=v``: an environment's section need
-    not exist in the composed tree (a plugin's never does; Hydra's tree is struct). An old spelling of a key that
-    moved into a section fails here, with the new one."""
+    """Hydra overrides as the config takes them: a key the composed tree may lack becomes ``++key=v``.
+
+    Hydra's tree is struct (a key must exist to be set) and the YAML files write only what differs from the
+    dataclasses' defaults, so ``key=v`` of any known field (``es.weight_decay``, ``env.sandbox.wall_s``...) and
+    ``env.<name>.<key>=v`` of an environment's section (a plugin's is never in the tree) are made ``++``. A key
+    that moved (:data:`MOVED`, or into an environment's section) fails here, with its new spelling."""
     from esopt_mp.envs.registry import moved
 
     own = {f.name for f in dataclasses.fields(EnvConfig)} - {"sections"}
+    known = _field_paths(TrainConfig) - {"env.sections"}
     out = []
     for arg in overrides:
         key, eq, _ = arg.partition("=")
         parts = key.split(".")
-        if eq and parts[0] == "env" and len(parts) >= 2 and parts[1] not in own:
+        if eq and key.lstrip("+~") in MOVED:
+            raise ConfigError(f"{key.lstrip('+~')} is now {MOVED[key.lstrip('+~')]}")
+        if eq and key in known and len(parts) >= 2:
+            arg = "++" + arg
+        elif eq and parts[0] == "env" and len(parts) >= 2 and parts[1] not in own:
             if moved(parts[1]):
                 raise ConfigError(f"{key} is now {moved(parts[1])}" + (f".{'.'.join(parts[2:])}" if len(parts) > 2
                                   else "") + " (each environment's settings live in its own section)")
@@ -74,8 +107,10 @@ class RunConfig:
     stop_on_degenerate: bool = False  # ... and stop with an error
     keep_checkpoints: int = 2  # newest complete checkpoints kept after each save (0: keep all)
     checkpoint_async: bool = True  # write checkpoints in the background (one host copy of the local state meanwhile)
+    seed: int = 0  # the run seed of every trainer: ES members' noise, tasks, episodes, evaluation streams
 
     def validate(self, key: str = "run") -> None:
+        check(0 <= self.seed < 2**64, f"{key}.seed", f"must be in [0, 2**64), got {self.seed}")
         check(self.degenerate_steps >= 1, f"{key}.degenerate_steps", f"must be >= 1, got {self.degenerate_steps}")
         check(self.keep_checkpoints >= 0, f"{key}.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
 
@@ -144,4 +179,5 @@ class TrainConfig:
 def build_config(data: dict, world_size: int | None = None) -> TrainConfig:
     """Validated :class:`TrainConfig` from a composed dict (Hydra's ``defaults`` key is ignored)."""
     data = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
+    _moved(data)
     return from_dict(TrainConfig, data).validate(world_size)

@@ -115,7 +115,7 @@ def config_identity(cfg, model_dir: str | None = None) -> dict:
 def identity_fields(cfg, model_dir: str | None = None) -> dict:
     """What determines the weights, as a nested dict: a requeue may change anything else (layout, eval, paths).
 
-    In: ``es.*`` (seed, population, schedules, shaping, precision modes,
+    In: ``run.seed`` (as ``es.seed``), ``es.*`` (population, schedules, shaping, precision modes,
     selection), ``model.dtype``, the model by content (fingerprint of
     ``model_dir``, the resolved model directory, else of ``model.path``;
     ``model.tiny`` when the tiny model is built), ``objective.*``, the
@@ -126,7 +126,7 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     hash of runs from before it),
     ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and
     ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
-    Out: ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
+    Out: the rest of ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
     tests/distributed), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
     test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
     test_compiled_kernel_is_bit_identical_to_eager, test_perturb_restore_update_equal_eager), held-out evaluation
@@ -137,7 +137,7 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     another level; the limits stay in) and every path string.
     """
     d = cfg.to_dict()
-    d.pop("run")
+    d["es"]["seed"] = d.pop("run")["seed"]  # hashed where it was before run.seed: earlier runs keep their hash
     d.pop("parallel")
     for k in ("chunk_elems", "noise_backend"):
         d["es"].pop(k)

@@ -77,7 +77,7 @@ class ESTrainer:
             from esopt_mp.engine.vllm import build_vllm
 
             self.model = None
-            engine, self.perturber, _ = build_vllm(cfg.engine, es, path, dims, cfg.model.dtype, es.seed)
+            engine, self.perturber, _ = build_vllm(cfg.engine, es, path, dims, cfg.model.dtype, cfg.run.seed)
             self.tokenizer = engine.tokenizer
             try:
                 self._build_rest(cfg, dims, path, engine)
@@ -101,7 +101,7 @@ class ESTrainer:
 
             self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
             traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
-            self.objective = AgentObjective(cfg.env, cfg.engine, es.seed, self.model, self.tokenizer, dims, traj,
+            self.objective = AgentObjective(cfg.env, cfg.engine, cfg.run.seed, self.model, self.tokenizer, dims, traj,
                                             engine=engine)
         else:
             self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
@@ -192,7 +192,7 @@ class ESTrainer:
     def step(self, t: int) -> dict:
         es, dims = self.cfg.es, self.dims
         t0 = time.perf_counter()
-        seeds, signs = population(es.seed, t, es.population, es.mirrored)
+        seeds, signs = population(self.cfg.run.seed, t, es.population, es.mirrored)
         es_on = self.context is None or self.context.es_on(t)  # prompt.mode: steps without ES keep the weights
         sigma, alpha = (self.sigma(t), self.alpha(t)) if es_on else (0.0, 0.0)
         if sigma == 0.0:  # no perturbation: the returns differ by sampling noise only, an update is a random walk

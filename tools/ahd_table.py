@@ -43,9 +43,9 @@ def run_cell(problem: str, method: str, seed: int, args, run_dir: str) -> dict:
 
     optimiser, mode = METHODS[method]
     cfg = build_config({
-        "run": {"dir": run_dir, "trajectories": False, "checkpoint_every": 0, "log_every": 1},
+        "run": {"dir": run_dir, "trajectories": False, "checkpoint_every": 0, "log_every": 1, "seed": seed},
         "model": {"path": args.model}, "objective": {"name": "agent"},
-        "es": {"population": args.population, "steps": args.steps, "seed": seed, "mirrored": False,
+        "es": {"population": args.population, "steps": args.steps, "mirrored": False,
                "sigma": {"kind": "cosine", "start": args.sigma, "end": 0.0},  # ends at 0 on the last step
                "alpha": {"kind": "constant", "start": args.alpha, "end": args.alpha}},
         "env": {"name": "heuristic", "heuristic": {"problem": problem}, "max_turns": args.turns, "n_train": args.episodes,

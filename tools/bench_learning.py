@@ -3,7 +3,7 @@
     python tools/bench_learning.py                 # 3 seeds of `python launch/train.py`
     python tools/bench_learning.py --seeds 0 1 --  es.steps=10   # extra Hydra overrides after --
 
-Each seed runs as its own process in its own run dir (es.seed differs, everything else
+Each seed runs as its own process in its own run dir (run.seed differs, everything else
 is the default); held-out success before and after comes from each run's summary.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     for seed in args.seeds:
         run_dir = os.path.join(base, f"seed{seed}")
         t = time.perf_counter()
-        proc = subprocess.run([sys.executable, "launch/train.py", f"es.seed={seed}", f"run.dir={run_dir}",
+        proc = subprocess.run([sys.executable, "launch/train.py", f"run.seed={seed}", f"run.dir={run_dir}",
                                *args.overrides], cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr[-3000:])

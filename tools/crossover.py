@@ -57,12 +57,12 @@ def plan(args) -> list[dict]:
                 common = [f"env.name={args.env}", f"{args.horizon_key}={h}", *turns, f"env.n_eval={args.n_eval}",
                           "run.eval_every=0", "run.checkpoint_every=0", "run.export=false", "run.trajectories=true",
                           f"env.task_seed={args.task_seed}"]
-                if m == "es":  # es.seed is every method's run seed (tasks, episodes, noise)
-                    over = [f"es.seed={seed}", f"es.steps={steps}", f"es.population={args.es_population}",
+                if m == "es":  # run.seed is every method's run seed (tasks, episodes, noise)
+                    over = [f"run.seed={seed}", f"es.steps={steps}", f"es.population={args.es_population}",
                             f"env.episodes_per_step={args.es_episodes}"]
                 else:
-                    over = [f"algo={m}", f"es.seed={seed}", f"algo.steps={steps}", f"algo.tasks_per_step={args.pg_tasks}",
-                            f"algo.generations={args.pg_generations}"]
+                    over = [f"algo={m}", f"run.seed={seed}", f"algo.steps={steps}",
+                            f"algo.tasks_per_step={args.pg_tasks}", f"algo.generations={args.pg_generations}"]
                 d = os.path.join(args.out, f"h{h}", f"{m}_s{seed}")
                 runs.append({"method": m, "horizon": h, "seed": seed, "dir": d, "episodes": args.budget,
                              "overrides": common + over + list(args.overrides) + [f"run.dir={d}"]})

@@ -61,7 +61,7 @@ class BaselineTrainer:
         self.name, self.start_step = cfg.algo.name, 0  # its checkpoint is not resumed: every run starts at step 0
         self.steps = cfg.algo.steps or cfg.es.steps
         self._refuse_a_stopped_run()
-        self.seed = cfg.es.seed  # the run seed: tasks, episodes and evaluation draw from its streams
+        self.seed = cfg.run.seed  # the run seed: tasks, episodes and evaluation draw from its streams
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it

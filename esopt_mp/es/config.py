@@ -36,7 +36,6 @@ class ScheduleConfig:
 class ESConfig:
     population: int = 8
     steps: int = 20
-    seed: int = 0
     mirrored: bool = True
     sigma: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
     alpha: ScheduleConfig = dataclasses.field(default_factory=lambda: ScheduleConfig("constant", 5e-4, 5e-4))
@@ -54,7 +53,6 @@ class ESConfig:
         check(not self.mirrored or self.population % 2 == 0, f"{key}.population",
               f"mirrored sampling needs an even population, got {self.population}")
         check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
-        check(0 <= self.seed < 2**64, f"{key}.seed", f"must be in [0, 2**64), got {self.seed}")
         self.sigma.validate(f"{key}.sigma")
         self.alpha.validate(f"{key}.alpha")
         check(self.sigma.start > 0, f"{key}.sigma.start", f"a training schedule needs sigma > 0, got {self.sigma.start}")

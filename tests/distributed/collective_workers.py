@@ -57,10 +57,10 @@ def agent_cfg(dp: int, tp: int, run_dir: str, steps: int = 2, n_eval: int = 7):
     from esopt_mp.config import build_config
 
     return build_config({
-        "run": {"dir": run_dir, "checkpoint_every": 0, "eval_every": 0, "trajectories": False},
+        "run": {"dir": run_dir, "checkpoint_every": 0, "eval_every": 0, "trajectories": False, "seed": 3},
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"},
         "parallel": {"dp": dp, "tp": tp, "checksum_every": 1, "timeout_s": 300},
-        "es": {"population": 4, "steps": steps, "seed": 3},
+        "es": {"population": 4, "steps": steps},
         "env": {"name": "sudoku", "max_turns": 4,
                 "sudoku": {"size": 4, "mask_count": 3, "show_original": False, "hints": True},
                 "n_train": 8, "n_eval": n_eval, "episodes_per_step": 2},

@@ -16,10 +16,10 @@ IDS = torch.arange(1, 13).view(2, 6)
 
 def run_cfg(model_path: str, run_dir: str, tp: int = 1):
     return build_config({
-        "run": {"dir": run_dir, "checkpoint_every": 1, "export": True},
+        "run": {"dir": run_dir, "checkpoint_every": 1, "export": True, "seed": 11},
         "model": {"path": model_path},
         "parallel": {"dp": 1, "tp": tp, "checksum_every": 0},
-        "es": {"population": 4, "steps": 3, "seed": 11, "mirrored": True, "restore": "snapshot",
+        "es": {"population": 4, "steps": 3, "mirrored": True, "restore": "snapshot",
                "sigma": {"kind": "constant", "start": 0.05, "end": 0.05},
                "alpha": {"kind": "constant", "start": 0.05, "end": 0.05}},
         "objective": {"name": "seed_hash"},

@@ -162,7 +162,7 @@ def test_bad_configs_fail_before_any_rollout(tmp_path):
     run = tmp_path / "run"
     _run(_cmd(1, run, ["es.steps=1"]))
     cases = [
-        (_cmd(1, run, ["es.steps=1", "es.seed=99"]), "different configuration"),
+        (_cmd(1, run, ["es.steps=1", "run.seed=99"]), "different configuration"),
         ([sys.executable, "launch/train.py", "env.name=chess", f"run.dir={tmp_path / 'b'}"],
          "env.name: unknown environment"),
     ]  # a wrong world size and sigma = 0 before anything is built: tests/integration/test_launch.py

@@ -8,7 +8,7 @@ def test_defaults_validate_and_hash_ignores_run_section():
     a = build_config({})
     b = build_config({"run": {"dir": "/elsewhere"}})
     assert isinstance(a, TrainConfig) and config_hash(a) == config_hash(b)
-    assert config_hash(build_config({"es": {"seed": 1}})) != config_hash(a)
+    assert config_hash(build_config({"run": {"seed": 1}})) != config_hash(a)
 
 
 @pytest.mark.parametrize("data,match", [

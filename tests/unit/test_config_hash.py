@@ -36,7 +36,7 @@ def test_layout_eval_run_and_paths_do_not_change_the_hash(tmp_path, model_dir):
 
 
 @pytest.mark.parametrize("override", [
-    {"es": {"seed": 1}}, {"es": {"population": 4}}, {"es": {"restore": "subtract"}}, {"es": {"master": "fp32_host"}},
+    {"run": {"seed": 1}}, {"es": {"population": 4}}, {"es": {"restore": "subtract"}}, {"es": {"master": "fp32_host"}},
     {"es": {"exclude": ["*norm*"]}}, {"es": {"sigma": {"start": 0.5}}}, {"model": {"dtype": "bfloat16"}},
     {"env": {"max_turns": 9}}, {"env": {"sudoku": {"mask_count": 5}}}, {"env": {"sudoku": {"hints": True}}}, {"env": {"episodes_per_step": 2}},
     {"env": {"task_seed": 1}}, {"engine": {"temperature": 1.0}}, {"objective": {"batch": 2}},

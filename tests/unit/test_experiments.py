@@ -84,25 +84,65 @@ def test_webarena_profiles_validate():
     assert len(train) == 4 and len(held) == 2 and not {t["id"] for t in train} & {t["id"] for t in held}
 
 
-def test_env_sections_compose_from_plain_overrides_and_match_the_dataclass_defaults():
-    """``env.name=docvqa env.docvqa.tesseract=...`` (any environment's section, present in the tree or not) and the
-    shared env keys are plain overrides, not "Key 'docvqa' is not in struct"; the tree's shared env defaults are
-    EnvConfig's."""
-    import dataclasses
-
-    from esopt_mp.envs.config import EnvConfig
-
+def test_env_sections_and_absent_keys_compose_from_plain_overrides():
+    """``env.name=docvqa env.docvqa.tesseract=...`` (any environment's section, present in the tree or not) and any
+    dataclass field the YAML does not write (its default) are plain overrides, not "Key ... is not in struct"."""
     raw = _compose("env.name=docvqa", "env.docvqa.observation_chars=123", "env.webarena_lite.max_browsers=2",
-                   "env.sandbox.wall_s=5", "env.episode_timeout_s=900", "env.env_workers=3")
+                   "env.sandbox.wall_s=5", "env.episode_timeout_s=900", "env.env_workers=3", "es.weight_decay=0.1",
+                   "run.keep_checkpoints=0", "run.seed=7", "parallel.timeout_s=60", "model.tiny.head_dim=32")
     assert (raw["env"]["docvqa"]["observation_chars"], raw["env"]["webarena_lite"]["max_browsers"],
-            raw["env"]["sandbox"]["wall_s"], raw["env"]["episode_timeout_s"]) == (123, 2, 5, 900)
-    defaults, tree = EnvConfig().to_dict(), _compose("env.name=math_react")["env"]
-    for k in ("sandbox", "max_episode_tokens", "episode_timeout_s", "env_workers"):
-        assert tree[k] == defaults[k], k
-    assert set(defaults) <= set(tree)  # every shared EnvConfig field is in the tree, so each can be overridden
-    assert set(tree) - set(defaults) == {"sudoku"}  # the env group's own section, ignored unless env.name=sudoku
+            raw["env"]["sandbox"]["wall_s"], raw["env"]["episode_timeout_s"], raw["es"]["weight_decay"],
+            raw["run"]["keep_checkpoints"], raw["run"]["seed"], raw["parallel"]["timeout_s"],
+            raw["model"]["tiny"]["head_dim"]) == (123, 2, 5, 900, 0.1, 0, 7, 60, 32)
     cfg = build_config(_compose("env.name=math_react"), 1)
     assert config_hash(build_config(cfg.to_dict(), 1)) == config_hash(cfg)  # config.json rebuilds the run
+
+
+def test_group_files_write_only_what_differs_from_the_dataclass_defaults():
+    """Defaults are written once, in the dataclasses: a group file that repeats one would drift from it unseen."""
+    import dataclasses
+    import glob
+
+    from esopt_mp.config import TrainConfig
+
+    defaults = TrainConfig().to_dict()
+    kept = {"name", "run.dir"}  # a group's name says which it is; hydra.run.dir interpolates run.dir
+    whole = {".es.sigma", ".es.alpha"}  # a schedule is one value: a partial one would fill from another default
+
+    def repeated(tree, dflt, prefix):
+        for k, v in tree.items():
+            key = f"{prefix}.{k}"
+            if isinstance(v, dict) and isinstance(dflt.get(k), dict) and key not in whole:
+                yield from repeated(v, dflt[k], key)
+            elif k in dflt and v == dflt[k] and key.split(".", 1)[1] not in kept and k != "name":
+                yield key
+
+    found = []
+    for path in glob.glob(os.path.join(CONFIGS, "*", "*.yaml")) + [os.path.join(CONFIGS, "config.yaml")]:
+        group = os.path.basename(os.path.dirname(path))
+        if group == "experiment":  # a profile states a paper's settings whole, defaults included
+            continue
+        tree = OmegaConf.to_container(OmegaConf.load(path)) or {}
+        tree = {k: v for k, v in tree.items() if k not in ("defaults", "hydra")}
+        if group == "configs":
+            found += [f"config.yaml:{k[1:]}" for k in repeated(tree, defaults, "")]
+        else:
+            found += [f"{group}/{os.path.basename(path)}:{k[1:]}" for k in repeated({group: tree}, defaults, "")]
+    found = [f for f in found if not f.endswith("env.sudoku.size")]  # kept: the unused section other envs carry
+    assert not found, f"YAML repeats dataclass defaults: {found}"
+    assert dataclasses.asdict(build_config(_compose(), 1).prompt) == dataclasses.asdict(
+        __import__("esopt_mp.prompt.config", fromlist=["PromptConfig"]).PromptConfig())
+
+
+def test_es_seed_is_refused_naming_run_seed():
+    """The run seed is every trainer's (ES members, tasks, episodes, evaluation): ``run.seed``, hashed as before."""
+    for call in (lambda: open_sections(["es.seed=3"]), lambda: open_sections(["++es.seed=3"]),
+                 lambda: build_config({"es": {"seed": 3}})):
+        with pytest.raises(ConfigError, match=r"^es\.seed is now run\.seed \(the run seed of every trainer"):
+            call()
+    assert config_hash(build_config({"run": {"seed": 0}})) == "c999d5ed83fd066a"  # runs from before keep theirs
+    assert config_hash(build_config({"run": {"seed": 3}})) != "c999d5ed83fd066a"
+    assert build_config(_compose("run.seed=3"), 1).run.seed == 3
 
 
 def test_a_key_that_moved_into_its_environments_section_names_the_new_spelling():
@@ -122,14 +162,9 @@ def test_a_key_that_moved_into_its_environments_section_names_the_new_spelling()
     assert EnvConfig().sudoku.mask_count == 4
 
 
-def test_prompt_section_composes_from_plain_overrides_and_matches_the_dataclass_defaults():
-    """``prompt.optimiser=skill prompt.skill.url=...`` are plain overrides (they were "Key 'prompt' is not in
-    struct" from the command line); the Hydra tree's prompt defaults are PromptConfig's."""
-    import dataclasses
-
-    from esopt_mp.prompt.config import PromptConfig
-
-    assert _compose()["prompt"] == dataclasses.asdict(PromptConfig())
+def test_prompt_section_composes_from_plain_overrides():
+    """``prompt.optimiser=skill prompt.skill.url=...`` are plain overrides though no YAML writes the section."""
+    assert "prompt" not in _compose()  # its defaults are PromptConfig's, written once
     cfg = build_config(_compose("prompt.optimiser=skill", "prompt.skill.proposer=endpoint", "prompt.skill.model=m",
                                 "prompt.skill.url=http://127.0.0.1:9", "prompt.skill.timeout_s=5"), 1)
     assert (cfg.prompt.optimiser, cfg.prompt.skill.url, cfg.prompt.skill.timeout_s) == ("skill", "http://127.0.0.1:9", 5)

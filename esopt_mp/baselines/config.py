@@ -47,7 +47,8 @@ class AlgoConfig:
         for k in ("lr", "value_clip"):
             v = getattr(self, k)
             check(math.isfinite(v) and v > 0, f"{key}.{k}", f"must be finite and > 0, got {v}")
-        check(0 < self.clip < 1, f"{key}.clip", f"must be in (0, 1) (the ratio's range is [1-clip, 1+clip]), got {self.clip}")
+        check(0 < self.clip < 1, f"{key}.clip",
+              f"must be in (0, 1) (the ratio's range is [1-clip, 1+clip]), got {self.clip}")
         for k in ("beta", "max_grad_norm", "weight_decay", "temperature", "adv_eps", "vf_coef"):
             v = getattr(self, k)
             check(math.isfinite(v) and v >= 0, f"{key}.{k}", f"must be finite and >= 0, got {v}")

@@ -111,7 +111,8 @@ class EnvConfig:
         builtin, plugins = names()
         unknown = sorted(set(self.sections) - set(builtin) - set(plugins) - {self.name})
         check(not unknown, f"{key}.{unknown[0] if unknown else ''}", f"no environment is named "
-              f"{(unknown or [''])[0]!r} (a misspelt section?); built-in: {', '.join(builtin)}; installed plugins: {', '.join(plugins) or 'none'}")
+              f"{(unknown or [''])[0]!r} (a misspelt section?); built-in: {', '.join(builtin)}; "
+              f"installed plugins: {', '.join(plugins) or 'none'}")
         try:
             spec, section = self.spec, self.section
             spec.validate(section, self, f"{key}.{self.name}")

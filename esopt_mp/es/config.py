@@ -55,7 +55,8 @@ class ESConfig:
         check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
         self.sigma.validate(f"{key}.sigma")
         self.alpha.validate(f"{key}.alpha")
-        check(self.sigma.start > 0, f"{key}.sigma.start", f"a training schedule needs sigma > 0, got {self.sigma.start}")
+        check(self.sigma.start > 0, f"{key}.sigma.start",
+              f"a training schedule needs sigma > 0, got {self.sigma.start}")
         check_choice(self.shaping, SHAPINGS, f"{key}.shaping")
         check_choice(self.restore, RESTORE_MODES, f"{key}.restore")
         check_choice(self.master, MASTER_MODES, f"{key}.master")

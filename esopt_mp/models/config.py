@@ -22,7 +22,8 @@ class TinyModelConfig:
 
     def validate(self, key: str) -> None:
         check_choice(self.arch, TINY_ARCHS, f"{key}.arch")
-        check(self.head_dim > 0 and self.head_dim % 2 == 0, f"{key}.head_dim", f"must be even and > 0, got {self.head_dim}")
+        check(self.head_dim > 0 and self.head_dim % 2 == 0, f"{key}.head_dim",
+              f"must be even and > 0, got {self.head_dim}")
 
 
 @dataclasses.dataclass

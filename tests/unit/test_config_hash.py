@@ -51,7 +51,8 @@ def test_what_shapes_the_weights_changes_the_hash(override, model_dir):
 def test_model_and_task_content_change_the_hash(tmp_path, model_dir):
     other = build_tiny_qwen35(str(tmp_path / "other"), seed=4, num_hidden_layers=2)  # same shapes, other weights
     assert model_fingerprint(other) != model_fingerprint(model_dir)
-    assert config_hash(build_config({"model": {"path": other}})) != config_hash(build_config({"model": {"path": model_dir}}))
+    assert (config_hash(build_config({"model": {"path": other}}))
+            != config_hash(build_config({"model": {"path": model_dir}})))
     a = _tasks(tmp_path / "a.jsonl", '{"puzzle": "1..."}\n')
     b = _tasks(tmp_path / "b.jsonl", '{"puzzle": "3..."}\n')
     cfg = lambda p: build_config({"env": {"train_path": p, "n_train": 1, "episodes_per_step": 1}})  # noqa: E731

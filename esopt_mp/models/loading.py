@@ -15,12 +15,14 @@ import os
 
 import torch
 
+from esopt_mp.models.config import DTYPES as MODEL_DTYPES
 from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.parallel.dims import ParallelDims
+from esopt_mp.typed import check_choice
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in MODEL_DTYPES}  # model.dtype's choices (models/config.py)
 
 
 def _as_dtensor(p):
@@ -36,8 +38,7 @@ def load_model(path: str, dims: ParallelDims, dtype: str = "float32"):
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model.path {path!r} is not a local directory (nothing is downloaded)")
-    if dtype not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_choice(dtype, MODEL_DTYPES, "model.dtype")
     kwargs = dict(dtype=DTYPES[dtype], local_files_only=True)
     if dims.tp > 1:
         from transformers.distributed import DistributedConfig

@@ -46,3 +46,33 @@ def test_episode_wall_clock_and_env_workers_are_validated_and_out_of_the_hash():
     cfg = build_config({"env": {"episode_timeout_s": 3600, "env_workers": 4}})
     assert (cfg.env.episode_timeout_s, cfg.env.env_workers) == (3600, 4)
     assert config_hash(cfg, None) == config_hash(build_config({}), None)  # a requeue on other hardware may change them
+
+
+def test_a_component_refuses_a_setting_in_the_words_of_the_config(tmp_path):
+    """Each setting is checked by one function: the component called directly and the config say the same line."""
+    import torch
+
+    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.es.perturber import Perturber
+    from esopt_mp.es.schedules import Schedule
+    from esopt_mp.es.shaping import shape_returns
+    from esopt_mp.models.loading import load_model
+    from esopt_mp.parallel.dims import ParallelDims
+    from esopt_mp.parallel.shard import LocalShard, ShardInfo
+
+    shard = [LocalShard(torch.zeros(4), ShardInfo.full("w", (4,)))]
+    cases = [
+        (lambda: Perturber(shard, restore="undo"), {"es": {"restore": "undo"}}),
+        (lambda: Perturber(shard, master="fp64"), {"es": {"master": "fp64"}}),
+        (lambda: Schedule("step", 1e-3, 1e-3, 10), {"es": {"sigma": {"kind": "step"}}}),  # sigma's or alpha's
+        (lambda: shape_returns([1.0, 2.0], "rank"), {"es": {"shaping": "rank"}}),
+        (lambda: SamplingParams(top_p=0.0), {"engine": {"top_p": 0.0}}),
+        (lambda: ParallelDims(0, 1, 0), {"parallel": {"dp": 0}}),
+        (lambda: load_model(str(tmp_path), ParallelDims(1, 1, 1), "int8"), {"model": {"dtype": "int8"}}),
+    ]
+    for component, data in cases:
+        with pytest.raises(ValueError) as direct:
+            component()
+        with pytest.raises(ConfigError) as config:
+            build_config(data)
+        assert str(direct.value) == str(config.value).replace("es.sigma.", "schedule.")

@@ -1,7 +1,9 @@
 """Non-agentic ES objectives: what a member's return is when no environment is involved.
 
-Agent environments (Sudoku, ReAct math, ...) plug in through the same
-``evaluate(model, member)`` call. These two exist for the parallel core:
+Every objective answers the trainer the same few calls: ``evaluate_member(member)`` (a perturbed member's return),
+``evaluate_held_out()`` (the unperturbed weights' held-out score and its details), ``take_failures()`` (failed
+episodes by kind; None: no episodes), ``take_trajectories()`` and ``recent_errors``. Agent environments (Sudoku, ReAct
+math, ...) plug in through :class:`esopt_mp.agent.objective.AgentObjective`. These two exist for the parallel core:
 
 - ``target_logprob``: mean log-likelihood of fixed target continuations
   (a copy task over random token prompts), one batched teacher-forced forward.
@@ -31,18 +33,38 @@ class Member:
             object.__setattr__(self, "pair", self.index)
 
 
-class SeedHash:
-    def __init__(self, cfg, vocab_size: int):
+class _Episodeless:
+    """What an objective without episodes answers: no failures, no trajectories, no episode errors."""
+
+    @property
+    def recent_errors(self) -> list[str]:
+        return []
+
+    def take_failures(self) -> None:
+        return None
+
+    def take_trajectories(self) -> list:
+        return []
+
+    def close(self) -> None:
         pass
 
-    def evaluate(self, model, member: Member | None) -> float:
-        if member is None:
-            return 0.0
+
+class SeedHash(_Episodeless):
+    def __init__(self, cfg, model):
+        pass
+
+    def evaluate_member(self, member: Member) -> float:
         return splitmix64(member.seed ^ (M64 if member.sign < 0 else 0)) / 2.0**64
 
+    def evaluate_held_out(self) -> tuple[float, dict]:
+        return 0.0, {}
 
-class TargetLogProb:
-    def __init__(self, cfg, vocab_size: int):
+
+class TargetLogProb(_Episodeless):
+    def __init__(self, cfg, model):
+        self.model = model
+        vocab_size = model.config.vocab_size
         g = torch.Generator().manual_seed(cfg.seed)
         self.prompt_len = cfg.prompt_len
         # the target copies the first target_len prompt tokens: learnable by attention
@@ -62,14 +84,18 @@ class TargetLogProb:
         target = ids[:, self.prompt_len :]
         return float(logp.gather(-1, target[..., None]).mean())
 
-    def evaluate(self, model, member: Member | None) -> float:
-        """Return of a (perturbed) member on the training batch; ``None``: held-out score."""
-        return self.score(model, self.train_ids if member is not None else self.eval_ids)
+    def evaluate_member(self, member: Member) -> float:
+        """Return of a (perturbed) member on the training batch."""
+        return self.score(self.model, self.train_ids)
+
+    def evaluate_held_out(self) -> tuple[float, dict]:
+        return self.score(self.model, self.eval_ids), {}
 
 
 # "agent" episodes need the tokenizer and engine: the trainer builds esopt_mp.agent.objective.AgentObjective
 OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None}
 
 
-def build_objective(cfg, vocab_size: int):
-    return OBJECTIVES[cfg.name](cfg, vocab_size)
+def build_objective(cfg, model):
+    """The ``objective`` section's objective on ``model`` (the trainer's, perturbed in place by each member)."""
+    return OBJECTIVES[cfg.name](cfg, model)

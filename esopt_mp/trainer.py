@@ -94,33 +94,11 @@ class ESTrainer:
         """Objective, schedules, ledger and resume: the same for both engines."""
         es = cfg.es
         self.shards = self.perturber.shards
+        self.engine, self.context = None, None  # the agent's engine; the context optimiser's side (prompt.*)
         if cfg.objective.name == "agent":
-            from transformers import AutoTokenizer
-
-            from esopt_mp.agent.objective import AgentObjective
-
-            self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
-            traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
-            self.objective = AgentObjective(cfg.env, cfg.engine, cfg.run.seed, self.model, self.tokenizer, dims, traj,
-                                            engine=engine)
+            self._build_agent(cfg, dims, path, engine)
         else:
-            self.objective = build_objective(cfg.objective, self.model.config.vocab_size)
-        self.context = None  # the context optimiser's side of the run (prompt.*), when one is configured
-        if cfg.prompt.optimiser != "none":
-            from esopt_mp.prompt.run import ContextRun
-
-            ref, hooks, fit, thought = "", None, None, ""
-            if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
-                hooks = self.objective.skill_hooks(cfg.prompt.skill)
-            else:
-                ref, thought = cfg.env.spec.search_seed(cfg.env.section)  # the seed program and what it does
-                self.objective.fixed_task = True  # fitness compared across programs: one instance set for all
-                # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
-                fit = self.objective.score_program(ref)
-                log.info("seed program fitness %s (evaluated once, not counted in the budget)", fit)
-            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit,
-                                      seed_thought=thought)
-            self.objective.context = self.context
+            self.objective = build_objective(cfg.objective, self.model)
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
         self.identity = config_identity(cfg, path)
@@ -133,6 +111,38 @@ class ESTrainer:
         self.health = Health(cfg.run.degenerate_steps, cfg.run.stop_on_degenerate)
         log.info("ES on %d local parameters in %d tensors (%s restore, master %s), starting at step %d",
                  self.perturber.numel, len(self.shards), es.restore, es.master, self.start_step)
+
+    def _build_agent(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
+        """The episode player on ``engine`` (vllm) or an hf engine on the model; the context run, if configured, built
+        on the player (skill hooks, the seed program's fitness); the objective on both."""
+        from transformers import AutoTokenizer
+
+        from esopt_mp.agent.episodes import EpisodePlayer
+        from esopt_mp.agent.objective import AgentObjective
+        from esopt_mp.engine.hf import HFEngine
+
+        self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
+        engine = engine or HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
+        traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
+        search = cfg.prompt.optimiser not in ("none", "skill")  # program search: fitness compared across programs
+        player = EpisodePlayer(cfg.env, cfg.engine, cfg.run.seed, engine, dims, traj, fixed_task=search)
+        self.engine = player.engine
+        if cfg.prompt.optimiser != "none":
+            from esopt_mp.prompt.run import ContextRun
+
+            ref, hooks, fit, thought = "", None, None, ""
+            if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
+                from esopt_mp.prompt import hooks as skill
+
+                hooks = skill.skill_hooks(player, cfg.prompt.skill)
+            else:
+                ref, thought = cfg.env.spec.search_seed(cfg.env.section)  # the seed program and what it does
+                # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
+                fit = player.score_program(ref)
+                log.info("seed program fitness %s (evaluated once, not counted in the budget)", fit)
+            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit,
+                                      seed_thought=thought)
+        self.objective = AgentObjective(player, self.context)
 
     # ------------------------------------------------------------------ build
     def _resume(self) -> int:
@@ -184,9 +194,9 @@ class ESTrainer:
 
     def evaluate(self) -> float:
         """Held-out return with the unperturbed weights (sigma = 0); agent objectives' Mean@k/Pass@k to metrics."""
-        score = self.objective.evaluate(self.model, None)
-        if getattr(self.objective, "last_eval", None):
-            self.metrics.write({"eval_detail": self.objective.last_eval})
+        score, detail = self.objective.evaluate_held_out()
+        if detail:
+            self.metrics.write({"eval_detail": detail})
         return score
 
     def step(self, t: int) -> dict:
@@ -197,8 +207,6 @@ class ESTrainer:
         sigma, alpha = (self.sigma(t), self.alpha(t)) if es_on else (0.0, 0.0)
         if sigma == 0.0:  # no perturbation: the returns differ by sampling noise only, an update is a random walk
             alpha = 0.0  # recorded so, and replay applies nothing
-        if self.context is not None:
-            self.objective.trajectories = []
         local = {}
         perturb_s = restore_s = 0.0  # ES's own cost inside the step, beside the rollouts (tools/bench.py)
         perturbed, mine = es_on and sigma > 0.0, set(dims.members(es.population))  # sigma 0 would change nothing
@@ -215,8 +223,8 @@ class ESTrainer:
                 continue
             perturb_s += _since(t1)
             try:
-                local[m] = self.objective.evaluate(self.model, Member(t, m, seeds[m], signs[m],
-                                                                          m // 2 if es.mirrored else m))
+                member = Member(t, m, seeds[m], signs[m], m // 2 if es.mirrored else m)
+                local[m] = self.objective.evaluate_member(member)
             except Exception as e:
                 if dims.tp > 1:
                     raise  # a peer may be waiting inside a collective: fail loudly rather than hang
@@ -251,7 +259,7 @@ class ESTrainer:
         self.ledger.append(record)
         updates_digest([record], self._updates)
         if es_on:
-            self.health.check(t, returns, weights, getattr(self.objective, "recent_errors", []))
+            self.health.check(t, returns, weights, self.objective.recent_errors)
         return {"step": t, "sigma": sigma, "alpha": alpha,
                 "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
                 "failed": es.population - len(ok), **({"episodes_failed": failures} if failures else {}),
@@ -263,16 +271,16 @@ class ESTrainer:
     def _episode_failures(self) -> dict | None:
         """The step's failed training episodes by kind, summed over every rank (one small all-reduce); None for
         objectives that play no episodes."""
-        take = getattr(self.objective, "take_failures", None)
-        if take is None:
+        mine = self.objective.take_failures()
+        if mine is None:
             return None
-        counts = self.dims.comm.all_reduce(torch.tensor(take(), dtype=torch.float64), "sum", "world")
+        counts = self.dims.comm.all_reduce(torch.tensor(mine, dtype=torch.float64), "sum", "world")
         return {k: int(c) for k, c in zip(FAILURE_KINDS, counts.tolist())}
 
     def _step_trajectories(self) -> list:
         """All dp groups' training trajectories of this step, on every rank, in member order (as one group
         plays them): the context optimiser then takes the same decision on every rank, at any layout."""
-        mine = list(self.objective.trajectories)  # TP leaders hold their group's; peers hold none
+        mine = self.objective.take_trajectories()  # TP leaders hold their group's; peers hold none
         gathered = [tr for part in self.dims.comm.all_gather_object(mine) for tr in part]
         return sorted(gathered, key=lambda tr: tr.member)  # stable: a member's episodes keep their order
 
@@ -307,9 +315,8 @@ class ESTrainer:
     def close(self) -> None:
         if getattr(self, "ckpt", None) is not None:
             self.ckpt.close()  # normal ends waited already; on an error path an unfinished save stays a leftover
-        engine = getattr(getattr(self, "objective", None), "engine", None)
-        if hasattr(engine, "close"):  # vllm: shut down before the launcher's process groups go
-            engine.close()
+        if getattr(self, "engine", None) is not None:  # vllm: shut down before the launcher's process groups go
+            self.engine.close()
         self.metrics.close()
         self.model = None
         self.perturber = None

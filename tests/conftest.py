@@ -16,8 +16,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-_PATCHED = (("esopt_mp.agent.objective", ("generate_texts",)), ("esopt_mp.agent.loop", ("_encode",)),
-            ("esopt_mp.agent.objective.AgentObjective", ("skill_hooks", "_make_env")))
+_PATCHED = (("esopt_mp.prompt.hooks", ("generate_texts", "skill_hooks")), ("esopt_mp.agent.loop", ("_encode",)),
+            ("esopt_mp.agent.episodes.EpisodePlayer", ("make_env",)))
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def _module_patches_are_undone():
     def snapshot():
         out = {}
         for path, names in _PATCHED:
-            mod, _, cls = path.rpartition(".") if path.endswith("AgentObjective") else (path, "", "")
+            mod, _, cls = path.rpartition(".") if path.endswith("EpisodePlayer") else (path, "", "")
             obj = getattr(importlib.import_module(mod), cls) if cls else importlib.import_module(mod)
             out.update({f"{path}.{n}": obj.__dict__.get(n) for n in names})
         return out

@@ -1,10 +1,7 @@
 """The batched multi-turn agent loop: one generation batch per turn across all live episodes.
 
-On a tensor-parallel group the TP leader owns tasks and environments; it sends
-each turn's new token ids to its peers (one small object broadcast per turn),
-every rank runs the same sharded forward passes and samples the same tokens
-from the same gathered logits, and a per-turn checksum of the sampled tokens
-proves it (a mismatch raises). Environments never run on peers.
+Environments run where the loop runs: on the TP leader of a tensor-parallel group, whose engine
+(:class:`esopt_mp.engine.tp.TPEngine`, inside its ``lead``) brings the peers along to every generation.
 """
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ import logging
 import math
 import time
 
-import torch
-
 from esopt_mp.agent.chat import IM_END, delta_text, opening_text
-from esopt_mp.engine.hf import HFEngine
+from esopt_mp.engine.base import Engine
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import InfraError, call_envs, failure_return, returns_sum
 from esopt_mp.envs.config import EnvConfig, check_episode_limits
@@ -68,43 +63,13 @@ class Episode:
         return d
 
 
-class TPChannel:
-    """Leader -> peers messages and token checksums over the tp group (no-ops without TP).
-
-    Both go through ``dims.comm``, which puts them on the backend's device and counts their bytes.
-    """
-
-    def __init__(self, dims=None):
-        self.dims = dims
-        self.on = dims is not None and dims.distributed and dims.tp > 1
-        self.src = dims.rank - dims.tp_rank if self.on else 0
-
-    def send(self, payload):
-        if self.on:
-            self.dims.comm.broadcast_object(payload, src=self.src, dim="tp")
-
-    def recv(self):
-        return self.dims.comm.broadcast_object(None, src=self.src, dim="tp")
-
-    def verify(self, gens) -> None:
-        if not self.on:
-            return
-        h = 0
-        for g in gens:
-            for t in g.token_ids:
-                h = (h * 1000003 + t + 1) % (1 << 61)
-        x = self.dims.comm.all_reduce(torch.tensor([h, -h], dtype=torch.int64), "max", dim="tp")
-        if int(x[0]) != -int(x[1]):
-            raise RuntimeError(f"tp ranks sampled different tokens (rank {self.dims.rank}); logits diverged")
-
-
 def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[int], cfg: AgentConfig,
-                 dims=None, contexts: list[str] | None = None) -> list[Episode]:
-    """Play one episode per (env, task) concurrently; on TP leaders (or without TP).
+def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int], cfg: AgentConfig,
+                 contexts: list[str] | None = None) -> list[Episode]:
+    """Play one episode per (env, task) concurrently (at tp > 1: on the TP leader, inside ``engine.lead``).
 
     With ``cfg.max_episode_tokens`` each turn may generate at most what the budget leaves after the
     conversation so far and the turn's prompt; an episode whose next prompt leaves no room ends as
@@ -113,12 +78,10 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     if the env sends none); '' adds nothing. This is where a context optimiser's current context reaches
     the model.
     """
-    chan = TPChannel(dims)
     tok = engine.tokenizer
     im_end = tok.convert_tokens_to_ids(IM_END)
     episodes = [Episode(str(t.get("id", i))) for i, t in enumerate(tasks)]
     convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
-    chan.send(("new", list(seeds)))
     start = [time.perf_counter()] * len(tasks)
     new_ids, prompts, live = {}, {}, []
     resets = call_envs([(env, "reset", task) for env, task in zip(envs, tasks)], cfg.env_workers)  # at once if allowed
@@ -141,10 +104,8 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
     total = [0.0] * len(envs)
     while live:
         caps = [_left(cfg, convs[i], new_ids[i]) for i in live] if cfg.max_episode_tokens else None
-        chan.send(("gen", live, [new_ids[i] for i in live], caps))
         starts = [len(convs[i].ids) + len(new_ids[i]) for i in live]
         gens = _generate(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg, caps)
-        chan.verify(gens)
         nxt = []
         steps = call_envs([(envs[i], "step", g.text) for i, g in zip(live, gens)], cfg.env_workers)
         for i, g, s0, (out, err, env_s) in zip(live, gens, starts, steps):
@@ -185,7 +146,6 @@ def run_episodes(engine: HFEngine, envs: list, tasks: list[dict], seeds: list[in
                 continue
             nxt.append(i)
         live = nxt
-    chan.send(("end",))
     for ep, conv in zip(episodes, convs):
         ep.token_ids = list(conv.ids)
     return episodes
@@ -200,43 +160,13 @@ def inject_context(messages: list[dict], context: str) -> list[dict]:
     return [{"role": "system", "content": context}] + out
 
 
-def generate_texts(engine: HFEngine, messages: list[list[dict]], seeds: list[int], sampling: SamplingParams,
-                   dims=None) -> list[str]:
-    """One reply to each conversation opening, generated as one batch on the TP leader (its peers join through
-    :func:`follow_episodes`); conversation i samples with ``seeds[i]``. If it raises before the peers' forward
-    passes (a tokenizer error, say), the follow is ended first, so the peers return instead of waiting for the
-    next message until the collective timeout; a failure inside the sharded forward leaves them in it."""
-    chan = TPChannel(dims)
-    try:
-        convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
-        ids = [_encode(engine.tokenizer, opening_text(m)) for m in messages]
-    except Exception:
-        chan.send(("end",))  # the peers wait in follow_episodes: release them
-        raise
-    chan.send(("new", list(seeds)))
-    live = list(range(len(convs)))
-    chan.send(("gen", live, ids, None))
-    gens = engine.generate(convs, ids, sampling)
-    chan.verify(gens)
-    chan.send(("end",))
-    return [g.text for g in gens]
-
-
-def follow_episodes(engine: HFEngine, cfg: AgentConfig, dims) -> list[list[int]]:
-    """A TP peer's side of :func:`run_episodes`: join every generation until the leader ends."""
-    chan = TPChannel(dims)
-    convs = []
-    while True:
-        msg = chan.recv()
-        if msg[0] == "new":
-            convs = [engine.new_conversation(i, s) for i, s in enumerate(msg[1])]
-        elif msg[0] == "gen":
-            _, live, ids, caps = msg
-            chan.verify(_generate(engine, [convs[i] for i in live], ids, cfg, caps))
-        elif msg[0] == "end":
-            return [list(c.ids) for c in convs]
-        else:
-            raise RuntimeError(f"unknown message from the tp leader: {msg[0]!r}")
+def generate_texts(engine: Engine, messages: list[list[dict]], seeds: list[int],
+                   sampling: SamplingParams) -> list[str]:
+    """One reply to each conversation opening, generated as one batch (at tp > 1 inside ``engine.lead``, which
+    releases the peers if this raises before the forward passes); conversation i samples with ``seeds[i]``."""
+    convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
+    ids = [_encode(engine.tokenizer, opening_text(m)) for m in messages]
+    return [g.text for g in engine.generate(convs, ids, sampling)]
 
 
 def _left(cfg: AgentConfig, conv, new_ids: list[int]) -> int:

@@ -23,9 +23,10 @@ import time
 
 import torch
 
-from esopt_mp.agent.loop import build_agent_config, follow_episodes
+from esopt_mp.agent.loop import build_agent_config
 from esopt_mp.baselines import build_baseline, build_token_batch
 from esopt_mp.checkpoint import CheckpointError
+from esopt_mp.resume import agree_on_failure
 from esopt_mp.config import TrainConfig
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import FAILURE_KINDS
@@ -34,7 +35,6 @@ from esopt_mp.identity import config_identity
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
-from esopt_mp.resume import agree_on_failure
 from esopt_mp.runner import write_config
 
 log = logging.getLogger(__name__)
@@ -54,21 +54,25 @@ class BaselineTrainer:
     def __init__(self, cfg: TrainConfig, dims: ParallelDims):
         from transformers import AutoTokenizer
 
-        from esopt_mp.agent.objective import AgentObjective
+        from esopt_mp.agent.episodes import EpisodePlayer
+        from esopt_mp.agent.held_out import HeldOut
+        from esopt_mp.engine.hf import HFEngine
 
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
         self.name, self.start_step = cfg.algo.name, 0  # its checkpoint is not resumed: every run starts at step 0
         self.steps = cfg.algo.steps or cfg.es.steps
         self._refuse_a_stopped_run()
-        self.seed = cfg.run.seed  # the run seed: tasks, episodes and evaluation draw from its streams
+        self.seed = cfg.run.seed  # tasks, episodes and evaluation draw from its streams
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
-        self.objective = AgentObjective(cfg.env, cfg.engine, self.seed, self.model, self.tokenizer, dims, traj)
+        engine = HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
+        self.player = EpisodePlayer(cfg.env, cfg.engine, self.seed, engine, dims, traj)
+        self.held_out = HeldOut(self.player)
         self.rollout_cfg = build_agent_config(cfg.env, rollout_sampling(cfg.engine, cfg.algo))
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
         identity = config_identity(cfg, path)
@@ -81,34 +85,27 @@ class BaselineTrainer:
     # ------------------------------------------------------------------ rollouts
     def step_tasks(self, step: int) -> list[int]:
         rng = random.Random(stream_seed(self.seed, "tasks", step))
-        return rng.sample(range(len(self.objective.train_tasks)), self.algo.tasks_per_step)
+        return rng.sample(range(len(self.player.train_tasks)), self.algo.tasks_per_step)
 
     def rollouts(self, step: int):
         """(this dp group's episodes as a TokenBatch on every rank of the group, [sum, count, failed, max])."""
         dims, G = self.dims, self.algo.generations
         chosen = self.step_tasks(step)
         mine = [j for j in range(len(chosen)) if j % dims.dp == dims.dp_rank]
-        tasks = [self.objective.train_tasks[chosen[j]] for j in mine for _ in range(G)]
+        tasks = [self.player.train_tasks[chosen[j]] for j in mine for _ in range(G)]
         groups = [j for j in mine for _ in range(G)]
         seeds = [stream_seed(self.seed, "episode", step, g, j) for j in mine for g in range(G)]
-        payload = None
-        if dims.is_tp_leader:
-            eps = self.objective.play(tasks, seeds, self.rollout_cfg, kind="train", step=step)
-            payload = [(ep.token_ids, ep.spans, ep.ret, gr) for ep, gr in zip(eps, groups)]
-        else:
-            follow_episodes(self.objective.engine, self.rollout_cfg, dims)
-        if dims.tp > 1:
+        eps = self.player.play(tasks, seeds, self.rollout_cfg, kind="train", step=step)  # [] on TP peers
+        payload = [(ep.token_ids, ep.spans, ep.ret, gr) for ep, gr in zip(eps, groups)]
+        rets = [ep.ret for ep in eps]  # counted once per group: where they were played
+        ok = [r for r in rets if not math.isnan(r)]
+        local = [sum(ok), len(ok), len(rets) - len(ok), *self.player.take_failures()]
+        if dims.tp > 1:  # every rank of the group trains on its leader's episodes
             payload = dims.comm.broadcast_object(payload, src=dims.rank - dims.tp_rank, dim="tp")
         eps = [_Ep(ids, spans, ret) for ids, spans, ret, _ in payload]
-        batch = build_token_batch(eps, self.objective.engine.pad_id, groups=[gr for *_, gr in payload])
-        rets = [r for *_, r, _ in payload]
-        ok = [r for r in rets if not math.isnan(r)]
-        lead = dims.is_tp_leader
-        kinds = self.objective.take_failures()  # the leader's failed episodes by kind (peers played none)
-        local = [sum(ok), len(ok), len(rets) - len(ok), *kinds] if lead else [0.0] * (3 + len(kinds))
+        batch = build_token_batch(eps, self.player.engine.pad_id, groups=[gr for *_, gr in payload])
         totals = dims.comm.all_reduce(torch.tensor(local, dtype=torch.float64), "sum", "world")
-        best = dims.comm.all_reduce(torch.tensor([max(ok) if ok and lead else -math.inf], dtype=torch.float64), "max",
-                                    "world")
+        best = dims.comm.all_reduce(torch.tensor([max(ok) if ok else -math.inf], dtype=torch.float64), "max", "world")
         return batch, [*totals.tolist(), float(best[0])]
 
     # ------------------------------------------------------------------ run
@@ -119,9 +116,9 @@ class BaselineTrainer:
 
     def evaluate(self) -> float:
         """Held-out Mean@k with the current weights; its detail (Pass@k, failures) to metrics, as ES writes it."""
-        score = self.objective.evaluate(self.model, None)
-        if getattr(self.objective, "last_eval", None):
-            self.metrics.write({"eval_detail": self.objective.last_eval})
+        score, detail = self.held_out.evaluate()
+        if detail:
+            self.metrics.write({"eval_detail": detail})
         return score
 
     def step(self, t: int) -> dict:

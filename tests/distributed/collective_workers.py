@@ -79,20 +79,21 @@ def recorded_run_worker(rank: int, world: int, dp: int, tp: int, run_dir: str, o
     dims = init_distributed(discover(), dp, tp, timeout_s=300)
     trainer = ESTrainer(agent_cfg(dp, tp, run_dir), dims)
     played, evals = [], []
-    play, evaluate, member_eval = trainer.objective.play, trainer.evaluate, trainer.objective.evaluate
+    player = trainer.objective.player
+    play, evaluate, member_eval = player.play, trainer.evaluate, trainer.objective.evaluate_member
 
     def counting_play(tasks, seeds, cfg, **tags):
-        if tags.get("kind") == "eval":
+        if tags.get("kind") == "eval" and dims.is_tp_leader:  # TP leaders play; their peers follow
             played.append(len(tasks))
         return play(tasks, seeds, cfg, **tags)
 
-    def signalling_eval(model, member):
-        if member is not None and member.step == 0 and rank == world - 1:
+    def signalling_eval(member):
+        if member.step == 0 and rank == world - 1:
             os.kill(os.getpid(), signal.SIGUSR1)  # only this rank sees a stop request, mid-step
-        return member_eval(model, member)
+        return member_eval(member)
 
-    trainer.objective.play = counting_play  # TP leaders play; their peers follow
-    trainer.objective.evaluate = signalling_eval
+    player.play = counting_play
+    trainer.objective.evaluate_member = signalling_eval
     trainer.evaluate = lambda: evals.append(evaluate()) or evals[-1]
     summary = run(trainer)
     torch.save({"records": records, "summary": summary, "played": played, "evals": evals,

@@ -12,13 +12,13 @@ pytestmark = pytest.mark.slow
 
 
 def _worker(rank, world, dp, run_dir, out):
-    import esopt_mp.agent.objective as objective
+    from esopt_mp.agent.episodes import EpisodePlayer
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
     from tests.integration.test_prompt_run import ScoredEnv, _cfg
 
     torch.set_num_threads(1)
-    make, objective.AgentObjective._make_env = objective.AgentObjective._make_env, lambda *a, **kw: ScoredEnv()
+    make, EpisodePlayer.make_env = EpisodePlayer.make_env, lambda *a, **kw: ScoredEnv()
     try:  # the one-process run shares pytest's process: leave the module as it was
         cfg = _cfg(run_dir)
         cfg.parallel.dp = dp
@@ -34,7 +34,7 @@ def _worker(rank, world, dp, run_dir, out):
         held_out = tr.evaluate()
         tr.close()
     finally:
-        objective.AgentObjective._make_env = make
+        EpisodePlayer.make_env = make
     torch.save({"state": state, "text": text, "eval": held_out, "seen": seen}, f"{out}.{rank}")
 
 

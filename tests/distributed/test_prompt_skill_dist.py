@@ -13,16 +13,17 @@ pytestmark = pytest.mark.slow
 
 
 def _worker(rank, world, dp, tp, run_dir, out):
-    from esopt_mp.agent.objective import AgentObjective
+    import esopt_mp.prompt.hooks as skill
+    from esopt_mp.agent.episodes import EpisodePlayer
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
     from tests.integration.test_prompt_skill_run import AnswerEnv, _cfg
 
     torch.set_num_threads(1)
-    real = AgentObjective.skill_hooks
+    real = skill.skill_hooks
 
-    def hooks(self, cfg):
-        h = real(self, cfg)
+    def hooks(player, cfg):
+        h = real(player, cfg)
 
         def propose(prompt, step, batch):  # the policy's real proposal (a collective), then a recorded edit
             said = h["proposer"](prompt, step, batch)
@@ -31,8 +32,8 @@ def _worker(rank, world, dp, tp, run_dir, out):
 
         return {**h, "proposer": propose}
 
-    make, AgentObjective.skill_hooks = AgentObjective._make_env, hooks
-    AgentObjective._make_env = lambda *a, **kw: AnswerEnv()
+    make, skill.skill_hooks = EpisodePlayer.make_env, hooks
+    EpisodePlayer.make_env = lambda *a, **kw: AnswerEnv()
     try:  # the one-process run shares pytest's process: leave the classes as they were
         cfg = _cfg(run_dir)
         cfg.parallel.dp, cfg.parallel.tp = dp, tp
@@ -43,7 +44,7 @@ def _worker(rank, world, dp, tp, run_dir, out):
         text = tr.context.text
         tr.close()
     finally:
-        AgentObjective.skill_hooks, AgentObjective._make_env = real, make
+        skill.skill_hooks, EpisodePlayer.make_env = real, make
     torch.save({"state": state, "text": text}, f"{out}.{rank}")
 
 

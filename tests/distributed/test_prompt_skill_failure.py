@@ -1,6 +1,6 @@
 """A failed policy proposal on dp group 0 (the TP leader's generation raising: a tokenizer error, out of memory)
 raises the same error on every rank at once: the leader ends its TP peers' follow, rank 0 broadcasts an error
-marker instead of the texts. Before, the other ranks waited in the broadcast (and the peers in follow_episodes)
+marker instead of the texts. Before, the other ranks waited in the broadcast (and the peers in their follow)
 until parallel.timeout_s (1800 s here; the world's timeout below is 60 s)."""
 import json
 import time
@@ -16,16 +16,17 @@ BROKEN = "tokenizer: cannot encode the proposer prompt"
 
 def _worker(rank, world, dp, tp, run_dir, out):
     import esopt_mp.agent.loop as loop
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.prompt.hooks as skill
+    from esopt_mp.agent.episodes import EpisodePlayer
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
     from tests.integration.test_prompt_skill_run import AnswerEnv, _cfg
 
     torch.set_num_threads(1)
-    real = objective.generate_texts
+    real = skill.generate_texts
     failed_at = []
 
-    def broken(engine, messages, seeds, sampling, dims):  # the real generation with a tokenizer that fails
+    def broken(engine, messages, seeds, sampling):  # the real generation with a tokenizer that fails
         encode = loop._encode
 
         def fail(tok, text):
@@ -34,11 +35,11 @@ def _worker(rank, world, dp, tp, run_dir, out):
 
         loop._encode = fail
         try:
-            return real(engine, messages, seeds, sampling, dims)
+            return real(engine, messages, seeds, sampling)
         finally:
             loop._encode = encode
 
-    objective.generate_texts, objective.AgentObjective._make_env = broken, lambda *a, **kw: AnswerEnv()
+    skill.generate_texts, EpisodePlayer.make_env = broken, lambda *a, **kw: AnswerEnv()
     cfg = _cfg(run_dir)
     cfg.parallel.dp, cfg.parallel.tp = dp, tp
     tr = ESTrainer(cfg, init_distributed(discover(), dp, tp))

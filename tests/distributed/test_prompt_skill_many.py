@@ -39,16 +39,17 @@ class Endpoint(BaseHTTPRequestHandler):
 
 
 def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.prompt.hooks as skill
+    from esopt_mp.agent.episodes import EpisodePlayer
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer
     from tests.integration.test_prompt_skill_run import AnswerEnv, _cfg
 
     torch.set_num_threads(1)
-    real, make, asked = objective.generate_texts, objective.AgentObjective._make_env, []
+    real, make, asked = skill.generate_texts, EpisodePlayer.make_env, []
 
-    def generate(engine, messages, seeds, sampling, dims):  # the real generation (peers follow it), canned answers
-        real(engine, messages, seeds, sampling, dims)
+    def generate(engine, messages, seeds, sampling):  # the real generation (peers follow it), canned answers
+        real(engine, messages, seeds, sampling)
         asked.append(len(messages))
         return [canned(m[0]["content"]) for m in messages]
 
@@ -59,7 +60,7 @@ def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     if client == "urllib":
         sys.modules["openai"] = None  # the urllib path even where openai is installed
-    objective.generate_texts, objective.AgentObjective._make_env = generate, lambda *a, **kw: AnswerEnv()
+    skill.generate_texts, EpisodePlayer.make_env = generate, lambda *a, **kw: AnswerEnv()
     try:  # the one-process run shares pytest's process: leave the modules as they were
         cfg = _cfg(run_dir)
         cfg.parallel.dp, cfg.parallel.tp = dp, tp
@@ -72,7 +73,7 @@ def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
         text = tr.context.text
         tr.close()
     finally:
-        objective.generate_texts, objective.AgentObjective._make_env = real, make
+        skill.generate_texts, EpisodePlayer.make_env = real, make
         if openai is False:
             sys.modules.pop("openai", None)
         else:

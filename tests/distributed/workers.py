@@ -96,20 +96,19 @@ def qwen3_tp_worker(rank: int, world: int, model_path: str, out_path: str) -> No
 def sudoku_tp_worker(rank: int, world: int, model_path: str, out_path: str, budget: int = 0) -> None:
     from transformers import AutoTokenizer
 
-    from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes
+    from esopt_mp.agent.loop import AgentConfig, run_episodes
     from esopt_mp.engine.hf import HFEngine
     from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.tp import TPEngine
     from esopt_mp.envs import make
     from esopt_mp.envs.sudoku import generate
     from esopt_mp.models import load_model
 
     dims = init_distributed(discover(), 1, 2)
-    engine = HFEngine(load_model(model_path, dims), AutoTokenizer.from_pretrained(model_path))
+    engine = TPEngine(HFEngine(load_model(model_path, dims), AutoTokenizer.from_pretrained(model_path)), dims)
     cfg = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=0, max_new_tokens=8), max_episode_tokens=budget)
-    if dims.is_tp_leader:
-        tasks = generate(16, 4, size=4, seed=5)
-        eps = run_episodes(engine, [make("sudoku", max_turns=4) for _ in tasks], tasks, list(range(16)), cfg, dims)
-        ids = [e.token_ids for e in eps]
-    else:
-        ids = follow_episodes(engine, cfg, dims)
+    tasks = generate(16, 4, size=4, seed=5)
+    eps = engine.lead(lambda: run_episodes(engine, [make("sudoku", max_turns=4) for _ in tasks], tasks,
+                                           list(range(16)), cfg), cfg.sampling)
+    ids = [e.token_ids for e in eps] if eps is not None else engine.followed  # the peer: what it followed
     torch.save({"ids": ids, "stats": engine.stats.__dict__}, f"{out_path}.{rank}")

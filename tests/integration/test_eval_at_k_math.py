@@ -2,7 +2,8 @@
 import os
 import types
 
-from esopt_mp.agent.objective import AgentObjective
+from esopt_mp.agent.episodes import EpisodePlayer
+from esopt_mp.agent.held_out import HeldOut
 from tests.unit.test_eval_at_k import _Comm
 
 
@@ -22,18 +23,18 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
                                 "episode_timeout_s": 1234.0, "env_workers": 3}})
     dims = types.SimpleNamespace(rank=0, dp=1, dp_rank=0, tp=1, tp_rank=0, distributed=False, is_tp_leader=True,
                                  comm=_Comm())
-    probe = AgentObjective(cfg.env, cfg.engine, 7, None, None, dims, engine=ScriptedEngine([]))
+    probe = EpisodePlayer(cfg.env, cfg.engine, 7, ScriptedEngine([]), dims)
     answers = [t["answer"] for t in probe.eval_tasks]
     right = [[1, 0, 0, 0], [0, 0, 1, 1]]  # question-major: which of the 4 samples answer correctly
     replies = [[f"\\boxed{{{answers[q]}}}" if right[q][s] else "\\boxed{-1}"] for q in range(2) for s in range(4)]
     traj = str(tmp_path / "t.jsonl")
-    obj = AgentObjective(cfg.env, cfg.engine, 7, None, None, dims, traj, engine=ScriptedEngine(replies))
+    obj = EpisodePlayer(cfg.env, cfg.engine, 7, ScriptedEngine(replies), dims, traj)
     assert obj.eval_cfg.max_episode_tokens == obj.train_cfg.max_episode_tokens == 4096  # env.max_episode_tokens
     assert obj.eval_cfg.sampling.temperature == 1.0
     assert obj.eval_cfg.episode_timeout_s == obj.train_cfg.episode_timeout_s == 1234.0  # env.episode_timeout_s
     assert obj.eval_cfg.env_workers == obj.train_cfg.env_workers == 3
-    assert obj.evaluate(None, None) == 3 / 8
-    assert obj.last_eval == {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0, "above_half": 3 / 8, "failed": 0,
-                             "failures": {"model": 0, "wall_clock": 0, "infra": 0}}
+    assert HeldOut(obj).evaluate() == (3 / 8, {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0,
+                                               "above_half": 3 / 8, "failed": 0,
+                                               "failures": {"model": 0, "wall_clock": 0, "infra": 0}})
     rows = [json.loads(x) for x in open(traj)]
     assert [r["return"] for r in rows] == [float(x) for q in right for x in q] and {r["kind"] for r in rows} == {"eval"}

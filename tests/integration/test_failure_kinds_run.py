@@ -20,11 +20,11 @@ def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_c
     """Four tasks a member plays every step: it wins one, crashes the env on two it would lose, and one meets a
     dead site. Its return is 1/3 (the crashes are losses; the site is left out), not 1.0 as when crashes were
     left out too; the ledger and the step log count 2 model failures and 1 infrastructure fault per member."""
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.agent.episodes as episodes
     from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
 
-    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: Zero())
+    monkeypatch.setattr(episodes.EpisodePlayer, "make_env", lambda *a, **kw: Zero())
     cfg = build_config({
         "run": {"dir": str(tmp_path), "trajectories": False, "log_every": 1},
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"},
@@ -32,9 +32,9 @@ def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_c
         "env": {"name": "sudoku", "n_train": 4, "n_eval": 2, "episodes_per_step": 4, "max_turns": 1},
     })
     trainer = ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
-    for task, do in zip(trainer.objective.train_tasks, ("win", "crash", "crash", "infra")):
+    for task, do in zip(trainer.objective.player.train_tasks, ("win", "crash", "crash", "infra")):
         task["do"] = do
-    for task in trainer.objective.eval_tasks:
+    for task in trainer.objective.player.eval_tasks:
         task["do"] = "crash"
     try:
         run(trainer)

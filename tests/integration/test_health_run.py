@@ -16,11 +16,11 @@ class BrokenSandboxEnv:
 
 
 def test_all_episodes_failing_is_loud_and_stops(tmp_path, monkeypatch, caplog):
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.agent.episodes as episodes
     from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
 
-    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: BrokenSandboxEnv())
+    monkeypatch.setattr(episodes.EpisodePlayer, "make_env", lambda *a, **kw: BrokenSandboxEnv())
     cfg = build_config({
         "run": {"dir": str(tmp_path), "trajectories": False, "degenerate_steps": 2, "stop_on_degenerate": True},
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"}, "es": {"population": 4, "steps": 5},

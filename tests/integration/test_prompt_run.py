@@ -57,10 +57,10 @@ def _ledger(run_dir):
 
 @pytest.fixture
 def fake_env(monkeypatch):
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.agent.episodes as episodes
 
     torch.set_num_threads(1)
-    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: ScoredEnv())
+    monkeypatch.setattr(episodes.EpisodePlayer, "make_env", lambda *a, **kw: ScoredEnv())
 
 
 def test_context_and_weights_change_and_replay_and_resume_reproduce_both(tmp_path, fake_env):
@@ -232,10 +232,10 @@ def test_seed_program_is_evaluated_once_and_competes_with_its_fitness(tmp_path, 
     _, want, _, _, _ = ScoredEnv().step(f"```python\n{ref.rstrip()}\n```")  # the env's score of the seed reply
     seed = search.best(t.context.text)
     assert seed["op"] == "seed" and seed["fitness"] == pytest.approx(want) and t.context.seed_fitness == seed["fitness"]
-    scores = []
+    scores, step = [], t.context.step  # the trajectories each step hands the context optimiser
+    t.context.step = lambda s, trajs: scores.extend(p.score for tr in trajs for p in tr.programs) or step(s, trajs)
     for s in range(2):
         t.step(s)
-        scores += [p.score for tr in t._step_trajectories() for p in tr.programs]
     t.close()
     best = search.best(t.context.text)
     assert best["fitness"] == pytest.approx(max(scores + [want]))
@@ -245,7 +245,7 @@ def test_seed_program_is_evaluated_once_and_competes_with_its_fitness(tmp_path, 
 def test_heuristic_search_scores_every_program_on_the_same_instances(tmp_path, fake_env):
     """Sample/EoH compare fitness across programs, steps and the seed: one instance set for all of them."""
     tr = _trainer(_cfg(tmp_path / "a", optimiser="sample"))
-    tasks = [tr.objective.step_tasks(t) for t in range(3)]
+    tasks = [tr.objective.player.step_tasks(t) for t in range(3)]
     tr.close()
     first = tasks[0][0]
     assert all(t is first for step in tasks for t in step) and len(tasks[0]) == 2
@@ -264,10 +264,11 @@ def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env, mi
     cfg.es.mirrored = mirrored
     t = _trainer(cfg)
     assert json.loads(t.context.text)["population"][0]["thought"] == BPPOnline.reference_thought  # best fit
-    seen, render = [], t.context.render
+    seen, render, step, handed = [], t.context.render, t.context.step, []
     t.context.render = lambda seed, slot: seen.append((slot, render(seed, slot))) or seen[-1][1]
+    t.context.step = lambda s, trajs: handed.append(trajs) or step(s, trajs)  # what the context optimiser reads
     t.step(0)
-    trajs = t._step_trajectories()
+    trajs = handed[0]
     pop = json.loads(t.context.text)["population"]
     n = len(seen)
     t.step(1)
@@ -291,7 +292,7 @@ def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env, mi
 
 
 def test_score_program_closes_the_env_also_when_it_raises(tmp_path, monkeypatch):
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.agent.episodes as episodes
 
     closed = []
 
@@ -304,10 +305,10 @@ def test_score_program_closes_the_env_also_when_it_raises(tmp_path, monkeypatch)
 
     torch.set_num_threads(1)
     t = _trainer(_cfg(tmp_path / "run", mode="prompt_only"))  # its seed scoring ran the real env
-    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: Failing())
+    monkeypatch.setattr(episodes.EpisodePlayer, "make_env", lambda *a, **kw: Failing())
     try:
         with pytest.raises(RuntimeError, match="sandbox died"):
-            t.objective.score_program("def score(item, bins):\n    return bins")
+            t.objective.player.score_program("def score(item, bins):\n    return bins")
         assert closed == [True]
     finally:
         t.close()

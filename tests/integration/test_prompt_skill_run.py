@@ -43,20 +43,20 @@ def _cfg(run_dir, proposer_tokens=16, trajectories=False, every=1, n_train=6, va
 
 @pytest.fixture
 def env(monkeypatch):
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.agent.episodes as episodes
 
     torch.set_num_threads(1)
-    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: AnswerEnv())
+    monkeypatch.setattr(episodes.EpisodePlayer, "make_env", lambda *a, **kw: AnswerEnv())
 
 
 def _scripted(monkeypatch, shown):
-    """The objective's real hooks (validation plays the unperturbed tiny model) with a recorded proposer."""
-    from esopt_mp.agent.objective import AgentObjective
+    """The run's real hooks (validation plays the unperturbed tiny model) with a recorded proposer."""
+    import esopt_mp.prompt.hooks as skill
 
-    real = AgentObjective.skill_hooks
+    real = skill.skill_hooks
 
-    def hooks(self, cfg):
-        h = real(self, cfg)
+    def hooks(player, cfg):
+        h = real(player, cfg)
 
         def propose(prompt, step, batch):
             shown.append((step, batch, prompt))
@@ -67,7 +67,7 @@ def _scripted(monkeypatch, shown):
 
         return {**h, "proposer": propose}
 
-    monkeypatch.setattr(AgentObjective, "skill_hooks", hooks)
+    monkeypatch.setattr(skill, "skill_hooks", hooks)
 
 
 def test_skill_and_weights_change_and_the_ledger_replays_both(tmp_path, env, monkeypatch):
@@ -180,13 +180,13 @@ def test_with_every_2_validation_avoids_the_tasks_of_both_steps_the_proposer_rea
     _scripted(monkeypatch, [])
     run = tmp_path / "run"
     tr = _trainer(_cfg(run, every=2, n_train=9, val_tasks=5))
-    played, real = [], tr.objective.play
+    played, real = [], tr.objective.player.play
 
     def play(tasks, seeds, cfg, render=None, **tags):
         played.append((tags.get("kind"), tags.get("step"), {id(t) for t in tasks}))
         return real(tasks, seeds, cfg, render=render, **tags)
 
-    tr.objective.play = play
+    tr.objective.player.play = play
     tr.step(0)
     tr.step(1)
     tr.close()

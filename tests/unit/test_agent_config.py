@@ -31,5 +31,5 @@ def test_the_baseline_trainers_rollouts_use_the_env_sections_settings(tmp_path, 
                         "env": ENV, "algo": {"name": algo, "tasks_per_step": 1, "generations": 2},
                         "run": {"dir": str(tmp_path), "trajectories": False}})
     trainer = BaselineTrainer(cfg, ParallelDims(1, 1, 1))
-    assert _loop(trainer.rollout_cfg) == {k: getattr(cfg.env, k) for k in LOOP} == _loop(trainer.objective.train_cfg)
+    assert _loop(trainer.rollout_cfg) == {k: getattr(cfg.env, k) for k in LOOP} == _loop(trainer.player.train_cfg)
     assert trainer.rollout_cfg.sampling == rollout_sampling(cfg.engine, cfg.algo)

@@ -95,3 +95,26 @@ def test_an_env_crash_is_the_models_failure_and_the_rest_go_on(agent, tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert rows[1]["return"] == 0.0 and rows[1]["failure"] == "model" and rows[0]["turns"][0]["response_tokens"] >= 1 and rows[0]["member"] == 1
     assert "Current board" in rows[0]["turns"][0]["prompt"] and "<|im_start|>user" in rows[0]["turns"][1]["prompt"]
+
+
+def test_both_engines_and_the_tp_wrapper_are_engines_and_tp1_passes_through(agent):
+    """HFEngine and TPEngine satisfy the Engine protocol (VLLMEngine's methods are checked by name: building one needs
+    vLLM); at tp = 1 the wrapper's episodes are the bare engine's, token for token, and lead needs no peers."""
+    from esopt_mp.engine.base import Engine
+    from esopt_mp.engine.tp import TPEngine
+    from esopt_mp.engine.vllm import VLLMEngine
+
+    model, tok = agent
+    bare = HFEngine(model, tok)
+    wrapped = TPEngine(HFEngine(model, tok))
+    assert isinstance(bare, Engine) and isinstance(wrapped, Engine) and wrapped.pad_id == bare.pad_id
+    assert all(callable(getattr(VLLMEngine, m, None)) for m in ("new_conversation", "generate", "close"))
+    tasks = generate(3, 4, size=4, seed=11)
+    cfg = AgentConfig(max_turns=3, sampling=SamplingParams(temperature=1.0, max_new_tokens=10))
+
+    def play(engine):
+        return run_episodes(engine, [make("sudoku", max_turns=3) for _ in tasks], tasks, [4, 5, 6], cfg)
+
+    want = play(bare)
+    got = wrapped.lead(lambda: play(wrapped), cfg.sampling)
+    assert [e.token_ids for e in got] == [e.token_ids for e in want] and wrapped.stats == bare.stats

@@ -7,10 +7,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from esopt_mp.agent.chat import opening_text
-from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes, write_trajectories
+from esopt_mp.agent.loop import AgentConfig, run_episodes, write_trajectories
 from esopt_mp.config import ConfigError, build_config
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.tp import TPEngine
 from esopt_mp.envs import make
 from esopt_mp.envs.sudoku import generate
 from esopt_mp.identity import config_hash
@@ -35,7 +36,8 @@ def _play(agent, budget, n=3, temperature=0.0, dims=None):
     model, tok = agent
     tasks = generate(n, 4, size=4, seed=7)
     envs = [make("sudoku", max_turns=4) for _ in tasks]
-    return run_episodes(HFEngine(model, tok), envs, tasks, list(range(n)), _cfg(budget, temperature), dims)
+    engine, cfg = TPEngine(HFEngine(model, tok), dims), _cfg(budget, temperature)
+    return engine.lead(lambda: run_episodes(engine, envs, tasks, list(range(n)), cfg), cfg.sampling)
 
 
 def _opening_tokens(tok, task) -> int:
@@ -132,5 +134,5 @@ def test_a_tp_follower_takes_the_leaders_budget_decisions(agent):
     assert {e.ended for e in eps} == {"token_budget"}
     caps = [m[3] for m in leader.log["msgs"] if m[0] == "gen"]  # the caps travel with each turn
     assert all(c is not None for c in caps) and min(min(c) for c in caps) == 3
-    ids = follow_episodes(HFEngine(model, tok), _cfg(budget, temperature=1.0), _dims(1, _Comm(leader.log)))
+    ids = TPEngine(HFEngine(model, tok), _dims(1, _Comm(leader.log))).follow(_cfg(budget, temperature=1.0).sampling)
     assert ids == [e.token_ids for e in eps]

@@ -5,7 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from esopt_mp.agent.objective import load_tasks
+from esopt_mp.agent.episodes import load_tasks
 from esopt_mp.config import ConfigError, build_config, open_sections
 from esopt_mp.data import resolve
 from esopt_mp.identity import config_hash

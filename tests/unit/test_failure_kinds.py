@@ -65,11 +65,11 @@ def test_a_nan_failure_return_is_refused():
 def test_the_baselines_count_failure_kinds_in_their_step_log(tmp_path, monkeypatch):
     """GRPO plays the same envs: its step log counts the kinds too, and trains on the model's failures (they are
     returns), while the infrastructure's are dropped."""
-    import esopt_mp.agent.objective as objective
+    import esopt_mp.agent.episodes as episodes
     from esopt_mp.baselines.trainer import BaselineTrainer
     from esopt_mp.parallel import ParallelDims
 
-    monkeypatch.setattr(objective.AgentObjective, "_make_env", lambda *a, **kw: Zero())
+    monkeypatch.setattr(episodes.EpisodePlayer, "make_env", lambda *a, **kw: Zero())
     cfg = build_config({
         "model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"}, "es": {"steps": 1},
         "env": {"name": "sudoku", "sudoku": {"size": 4, "mask_count": 1}, "max_turns": 1, "n_train": 2, "n_eval": 2,
@@ -79,7 +79,7 @@ def test_the_baselines_count_failure_kinds_in_their_step_log(tmp_path, monkeypat
     })
     trainer = BaselineTrainer(cfg, ParallelDims(1, 1, 1))
     try:
-        for task, do in zip(trainer.objective.train_tasks, ("crash", "infra")):
+        for task, do in zip(trainer.player.train_tasks, ("crash", "infra")):
             task["do"] = do
         rec = trainer.step(0)
     finally:

@@ -60,8 +60,8 @@ def test_max_chars_and_timeout_s_reach_their_components_and_bad_values_name_the_
 def test_the_endpoint_request_gives_up_after_timeout_s(monkeypatch):
     """A hung endpoint costs timeout_s, then the batch proposes nothing (dropped with the error as its reason)."""
     from esopt_mp.agent.loop import AgentConfig
-    from esopt_mp.agent.objective import AgentObjective
     from esopt_mp.parallel import LaunchEnv, init_distributed
+    from esopt_mp.prompt.hooks import skill_hooks
     from esopt_mp.prompt.skill_edits import parse_edits
 
     class Slow(BaseHTTPRequestHandler):
@@ -87,9 +87,9 @@ def test_the_endpoint_request_gives_up_after_timeout_s(monkeypatch):
     cfg = _agent({"proposer": "endpoint", "url": f"http://127.0.0.1:{srv.server_port}", "model": "m",
                   "timeout_s": 0.3}).prompt.skill
     dims = init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1)
-    obj = types.SimpleNamespace(train_cfg=AgentConfig(), run_seed=0, dims=dims, engine=None)
+    player = types.SimpleNamespace(train_cfg=AgentConfig(), run_seed=0, dims=dims, engine=None)
     try:
-        said = AgentObjective.skill_hooks(obj, cfg)["proposer"]("propose", 0, 0)
+        said = skill_hooks(player, cfg)["proposer"]("propose", 0, 0)
     finally:
         srv.shutdown()
     assert said.startswith("(endpoint error:") and "no complete answer within prompt.skill.timeout_s" in said

@@ -109,17 +109,17 @@ def _lp_diff(a: dict, b: dict) -> float:
 
 
 def _rollouts(engine, tasks, seeds, dims):
-    from esopt_mp.agent.loop import AgentConfig, follow_episodes, run_episodes
+    from esopt_mp.agent.loop import AgentConfig, run_episodes
     from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.tp import TPEngine
     from esopt_mp.envs import make
 
     cfg = AgentConfig(3, SamplingParams(temperature=0.0, max_new_tokens=12))
     t0 = time.perf_counter()
-    if dims.is_tp_leader:
-        eps = run_episodes(engine, [make("sudoku", max_turns=3) for _ in tasks], tasks, seeds, cfg, dims)
-        ids = [e.token_ids for e in eps]
-    else:
-        ids = follow_episodes(engine, cfg, dims)
+    engine = TPEngine(engine, dims)
+    eps = engine.lead(lambda: run_episodes(engine, [make("sudoku", max_turns=3) for _ in tasks], tasks, seeds, cfg),
+                      cfg.sampling)
+    ids = [e.token_ids for e in eps] if eps is not None else engine.followed  # the peer: what it followed
     return ids, time.perf_counter() - t0
 
 

@@ -1,0 +1,133 @@
+"""Playing a run's episodes: its environments, tasks, trajectories file and failed episodes.
+
+Every trainer (ES, GRPO, PPO) plays through one :class:`EpisodePlayer`: it checks the environment at start-up,
+loads the tasks, draws a step's tasks from the run's ``tasks`` stream, builds a fresh environment per episode
+(:meth:`EpisodePlayer.make_env`, the one place a test swaps the environment), plays them in batches of the
+environment's cap, appends them to the trajectories file and counts the failed training episodes by kind. At
+tp > 1 the TP leader plays, inside its engine's ``lead``; its peers follow and get no episodes.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+from esopt_mp.agent.loop import build_agent_config, run_episodes, write_trajectories
+from esopt_mp.engine.base import Engine
+from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.tp import replicated
+from esopt_mp.envs import FAILURE_KINDS, StartupError
+from esopt_mp.es.seeds import stream_seed
+
+
+def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
+    """(train, eval) tasks of the configured environment (``cfg``: the ``env`` section), from its spec."""
+    return cfg.spec.splits(cfg, cfg.section)
+
+
+class EpisodePlayer:
+    def __init__(self, env_cfg, engine_cfg, run_seed: int, engine: Engine, dims, traj_path: str | None = None,
+                 fixed_task: bool = False):
+        """``engine``: any engine (wrapped for ``dims``' tp group here); ``traj_path``: the trajectories file (rank 0
+        writes it); ``fixed_task`` (program search): every step plays the first training task, so every program
+        of the run, and the seed's, is scored on the same instances, as EoH does."""
+        self.cfg, self.run_seed, self.dims, self.fixed_task = env_cfg, run_seed, dims, fixed_task
+        self.engine = replicated(engine, dims)
+        self.spec, self.section = env_cfg.spec, env_cfg.section
+        if dims.is_tp_leader:  # the sandbox, a browser stack, a server: refused now, not at episode 1
+            try:
+                self.spec.check(self.section, env_cfg, first=dims.dp_rank == 0)
+            except Exception as e:  # noqa: BLE001 - whatever the env's check raised, said in one place
+                raise StartupError(f"env.name={env_cfg.name}: the start-up check failed on rank {dims.rank}: "
+                                   f"{type(e).__name__}: {e}") from e
+        if self.spec.syncs_after_check(self.section):  # the first's check reset shared state: nobody plays before
+            dims.comm.barrier()
+        self.train_cfg = build_agent_config(env_cfg, SamplingParams.of(engine_cfg))
+        self.eval_cfg = build_agent_config(env_cfg, SamplingParams.of(engine_cfg, env_cfg.eval_temperature))
+        try:
+            self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
+        except (ValueError, OSError) as e:  # too few tasks, a bad task file, a task source that failed: one line
+            raise StartupError(f"env.name={env_cfg.name}: its tasks: {e}") from e
+        self.traj_path = traj_path if traj_path and dims.rank == 0 else None
+        self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
+        self.failures: Counter = Counter()  # failed training episodes this rank played, by kind, since the last take
+
+    def play(self, tasks, seeds, cfg, render=None, slots=None, ctx_seeds=None, **tags) -> list:
+        """The episodes of ``tasks`` (one per seed) on the TP leader, logged to the trajectories file; [] on its
+        peers, which follow the leader's generations meanwhile.
+
+        ``render``: (seed, slot) -> the context text of that episode (a context run's, or a candidate skill under
+        validation; ``tags["context"]`` names it in the trajectories file). ``slots``: each episode's place in the
+        whole set it belongs to, the same at every layout (training: step + pair * episodes_per_step + episode;
+        held-out: its global index; default: its index here); ``ctx_seeds``: the seed each episode's context is
+        rendered with (default: its episode seed). ``tags["kind"] == "train"``: failed episodes are counted.
+        """
+        return self.engine.lead(lambda: self._play(tasks, seeds, cfg, render, slots, ctx_seeds, tags), cfg.sampling,
+                                default=[])
+
+    def _play(self, tasks, seeds, cfg, render, slots, ctx_seeds, tags) -> list:
+        envs = [self.make_env(self.cfg.max_turns) for _ in tasks]
+        # an environment may cap the episodes played at once (one browser each, say)
+        group = self._group(len(tasks))
+        slots = list(range(len(tasks))) if slots is None else list(slots)
+        ctx_seeds = list(seeds) if ctx_seeds is None else list(ctx_seeds)
+        eps = []
+        try:
+            for a in range(0, len(tasks), group):
+                b = a + group
+                ctx = [render(s, k) for s, k in zip(ctx_seeds[a:b], slots[a:b])] if render is not None else None
+                eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, ctx)
+        finally:
+            for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
+                getattr(env, "close", lambda: None)()
+        if self.traj_path:
+            write_trajectories(self.traj_path, eps, **tags)
+        self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
+        if tags.get("kind") == "train":
+            self.failures.update(e.failure for e in eps if e.failure)
+        return eps
+
+    def take_failures(self) -> list[int]:
+        """Failed training episodes this rank played since the last call, per kind of ``FAILURE_KINDS``."""
+        counts, self.failures = self.failures, Counter()
+        return [counts[k] for k in FAILURE_KINDS]
+
+    def make_env(self, max_turns: int):
+        """A fresh environment of ``env.name`` built from its section (each episode gets its own)."""
+        return self.spec.build(self.section, max_turns=max_turns, sandbox=self.cfg.sandbox)
+
+    def _group(self, n: int) -> int:
+        """Episodes played at once: all, or the environment's cap (``EnvSpec.max_concurrent``)."""
+        cap = self.spec.max_concurrent(self.section)
+        return max(1, min(n, cap) if cap else n)
+
+    def step_tasks(self, step: int) -> list[dict]:
+        """The step's training tasks (``fixed_task``: the first training task every time)."""
+        if self.fixed_task:
+            return [self.train_tasks[0]] * self.cfg.episodes_per_step
+        rng = random.Random(stream_seed(self.run_seed, "tasks", step))
+        return [self.train_tasks[i] for i in rng.sample(range(len(self.train_tasks)), self.cfg.episodes_per_step)]
+
+    def score_program(self, code: str, step: int = 0) -> float | None:
+        """Mean score of ``code`` over step ``step``'s tasks, evaluated as an episode's reply is (same environment,
+        same sandbox); None if it fails on any. No model runs: the seed program's fitness, outside the budget."""
+        scores = []
+        for task in self.step_tasks(step):
+            env = self.make_env(1)
+            try:
+                env.reset(task)
+                info = env.step(f"```python\n{code.rstrip()}\n```")[4]
+            finally:  # an env holding a sandbox or a browser is closed also when it raised, as play does
+                getattr(env, "close", lambda: None)()
+            if info.get("error") is not None or info.get("score") is None:
+                return None
+            scores.append(float(info["score"]))
+        return sum(scores) / len(scores)
+
+
+def return_total(eps, failed_count: bool = False) -> tuple[float, int]:
+    """(sum, count) of the finite episode returns; ``failed_count``: an infrastructure-failed episode (NaN) scores its
+    env's failure return instead of being left out (comparisons where failing must cost)."""
+    rets = [e.floor if math.isnan(e.ret) else e.ret for e in eps] if failed_count else \
+        [e.ret for e in eps if not math.isnan(e.ret)]
+    return sum(rets), len(rets)

@@ -57,13 +57,18 @@ def test_torchrun_tp2_dp2_agent_default(tmp_path):
     assert all(r["turns"] and r["ended"] in ("terminated", "truncated", "turn_budget") for r in rows)
 
 
-def test_bad_config_fails_before_anything_is_built(tmp_path):
-    proc = _run([sys.executable, "launch/train.py", "parallel.tp=3"], tmp_path / "run")
-    assert proc.returncode != 0
-    assert "parallel.dp * parallel.tp must equal the world size: 1 * 3 = 3 != 1" in proc.stderr
-    assert not (tmp_path / "run" / "base_model").exists()
-    proc = _run([sys.executable, "launch/train.py", "es.sigma.start=0.0"], tmp_path / "run")
-    assert proc.returncode != 0 and "es.sigma.start" in proc.stderr
+@pytest.mark.parametrize("override,line", [
+    ("parallel.tp=3", "error: parallel: parallel.dp * parallel.tp must equal the world size: 1 * 3 = 3 != 1"),
+    ("env.gem=1", "error: env.gem=1: an environment's section takes keys, env.gem.<key>=value")],
+    ids=["validated_config", "env_section"])
+def test_bad_config_fails_before_anything_is_built(tmp_path, override, line):
+    """The launcher's refusals before anything is built, one per path (the command line's env sections, the
+    validated config): one line, exit status 2. What each check refuses is tested on the validator itself
+    (tests/unit/test_config.py, test_env_registry.py); the algo= and run.dir refusals: test_baselines_launch.py,
+    test_env_plugin.py."""
+    proc = _run([sys.executable, "launch/train.py", override], tmp_path / "run")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line], proc.stderr[-2000:]
+    assert not list((tmp_path / "run").glob("*"))  # nothing written (Hydra may leave the empty folder)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (extra [deepspeed])")

@@ -47,11 +47,18 @@ def _weights(d):
     return load_file(os.path.join(d, "model.safetensors"))
 
 
+# The 1-process runs restore by subtraction in bfloat16: each member's perturb/restore rounding stays in the
+# weights, so a resume (the checkpoint + the ledger's steps past it) or a replay (base + the whole ledger) that
+# re-applies it in any other way differs bit for bit; the 2-process runs keep the default snapshot restore.
+ONE_PROCESS = ["es.restore=subtract", "model.dtype=bfloat16"]
+
+
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory):
-    """One uninterrupted 1-process run of ARGS: the reference of the 1-process kill test and the replayed run."""
+    """One uninterrupted 1-process run of ARGS + ONE_PROCESS: the reference of the 1-process kill test and the
+    replayed run."""
     run = tmp_path_factory.mktemp("uninterrupted") / "run"
-    _run(_cmd(1, run))
+    _run(_cmd(1, run, ONE_PROCESS))
     return run
 
 
@@ -69,19 +76,27 @@ def _kill_after_3_entries(cmd, run_dir):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, world, one_process_run):
+    """SIGKILL mid-step, then the same command again: the ledger (target_logprob's returns depend on the weights)
+    and the exported weights equal the uninterrupted run's."""
     ref, killed = tmp_path / "ref", tmp_path / "killed"
+    extra = ONE_PROCESS if world == 1 else []
     if world == 1:
         ref = one_process_run
     else:
         _run(_cmd(world, ref))
-    _kill_after_3_entries(_cmd(world, killed), killed)
-    _run(_cmd(world, killed))
+    _kill_after_3_entries(_cmd(world, killed, extra), killed)
+    saved = [s for s, _ in checkpoint_steps(str(killed))]
+    assert max(saved, default=0) < len(_ledger(killed))  # the rerun replays ledger steps past the checkpoint
+    _run(_cmd(world, killed, extra))
     assert _ledger(killed) == _ledger(ref)
     a, b = _weights(ref / "export"), _weights(killed / "export")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], v) for k, v in _weights(ref / "base_model").items())
 
 
 def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
+    """tools/replay.py (base + the whole ledger, subtract restore in bfloat16) and tools/export_hf.py rebuild the
+    run's export bit for bit; it loads and generates; a planted checkpoint runs no code."""
     run = one_process_run
     out = subprocess.run([sys.executable, "tools/replay.py", "--run-dir", str(run), "--out", str(tmp_path / "rep")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -111,29 +126,6 @@ def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
     assert ex.returncode == 0, ex.stderr[-2000:]
     c = _weights(tmp_path / "ex2")
     assert all(torch.equal(a[k], c[k]) for k in a) and not marker.exists()
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16"])  # float32 subtract: test_subtract_restore_at_dp2_... (CI time)
-def test_subtract_restore_resume_and_replay_are_bit_exact(tmp_path, dtype):
-    """es.restore=subtract leaves each member's perturb/restore rounding in the weights. SIGKILL + rerun (the
-    checkpoint of step 2 + the ledger's step 3) and tools/replay.py (base + the whole ledger) re-apply them: the
-    ledger (target_logprob's returns depend on the weights) and the weights equal the uninterrupted run's."""
-    extra = ["es.restore=subtract", f"model.dtype={dtype}"]
-    ref, killed = tmp_path / "ref", tmp_path / "killed"
-    _run(_cmd(1, ref, extra))
-    _kill_after_3_entries(_cmd(1, killed, extra), killed)
-    saved = [s for s, _ in checkpoint_steps(str(killed))]
-    assert max(saved, default=0) < len(_ledger(killed))  # the rerun replays ledger steps past the checkpoint
-    _run(_cmd(1, killed, extra))
-    assert _ledger(killed) == _ledger(ref)
-    a, b = _weights(ref / "export"), _weights(killed / "export")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(a[k], v) for k, v in _weights(ref / "base_model").items())
-    out = subprocess.run([sys.executable, "tools/replay.py", "--run-dir", str(ref), "--out", str(tmp_path / "rep")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
-    assert out.returncode == 0, out.stderr[-2000:]
-    c = _weights(tmp_path / "rep")
-    assert c.keys() == a.keys() and all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_subtract_restore_at_dp2_equals_one_process_and_replays(tmp_path):

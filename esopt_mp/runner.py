@@ -133,7 +133,7 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
         else:
             trainer.poll()  # a finished background write becomes a complete checkpoint now
         if stopping and not last:
-            log.warning("stopped after step %d on request; rerun the same command to resume", t)
+            log.warning("stopped after step %d on request; the checkpoint after it is saved", t)
             return {"stopped_at": t + 1}
     after = trainer.evaluate()
     metrics.write({"eval_step": steps, "eval": after})

@@ -1,14 +1,14 @@
-"""ESTrainer: build, step, evaluate, checkpoint, close.
+"""ESTrainer: build, step, evaluate, checkpoint, close; :func:`esopt_mp.runner.run` drives it.
 
-One ES step as data flow (ARCHITECTURE.md s.3): member seeds from (run seed,
-step) on every rank; each dp group perturbs, evaluates and restores its own
-members (m % dp == dp_rank), TP peers joining the sharded forward passes; one
+One ES step as data flow: member seeds from (run seed, step) on every rank;
+each dp group perturbs, evaluates and restores its own members
+(m % dp == dp_rank), TP peers joining the sharded forward passes; one
 all-gather of the G returns; every rank shapes them and updates its own shard;
-rank 0 appends the step to the ledger. At the end of every step the ranks
-agree (one all-reduce) on whether any of them was asked to stop, so all
-checkpoint and exit after the same step. A restarted run loads the newest
-complete checkpoint, replays the ledger tail and continues exactly where the
-ledger ends.
+rank 0 appends the step to the ledger. At the end of every step the run loop
+has the ranks agree (one all-reduce) on whether any of them was asked to stop,
+so all checkpoint and exit after the same step. A restarted run loads the
+newest complete checkpoint, replays the ledger tail and continues exactly where
+the ledger ends.
 """
 from __future__ import annotations
 

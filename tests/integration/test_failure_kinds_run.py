@@ -9,11 +9,7 @@ from esopt_mp.config import build_config
 from esopt_mp.envs import FAILURE_KINDS
 from esopt_mp.parallel import LaunchEnv, init_distributed
 from tests.web.scripted import ScriptedEngine
-from tests.unit.test_failure_kinds import ScriptedEnv
-
-
-class Zero(ScriptedEnv):
-    failure_return = 0.0
+from tests.unit.test_failure_kinds import Zero
 
 
 def test_crashing_on_lost_tasks_does_not_raise_a_members_return_and_the_ledger_counts_kinds(tmp_path, monkeypatch):

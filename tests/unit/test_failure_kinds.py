@@ -62,6 +62,10 @@ def test_a_nan_failure_return_is_refused():
         run_episodes(ScriptedEngine([["a"]]), [Bad()], [{"id": "c", "do": "crash"}], [0], AgentConfig(max_turns=1))
 
 
+class Zero(ScriptedEnv):
+    failure_return = 0.0
+
+
 def test_the_baselines_count_failure_kinds_in_their_step_log(tmp_path, monkeypatch):
     """GRPO plays the same envs: its step log counts the kinds too, and trains on the model's failures (they are
     returns), while the infrastructure's are dropped."""

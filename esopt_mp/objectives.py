@@ -14,6 +14,7 @@ math, ...) plug in through :class:`esopt_mp.agent.objective.AgentObjective`. The
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import torch
 
@@ -33,6 +34,26 @@ class Member:
             object.__setattr__(self, "pair", self.index)
 
 
+class Objective(Protocol):
+    """What the ES trainer asks of an objective (``esopt_mp.agent.objective.AgentObjective`` is the agent's)."""
+
+    def evaluate_member(self, member: Member) -> float:
+        """The return of ``member`` (its perturbation applied to the weights by the trainer)."""
+
+    def evaluate_held_out(self) -> tuple[float, dict]:
+        """The held-out score of the unperturbed weights, on every rank, and its details for the metrics."""
+
+    def take_failures(self) -> list[int] | None:
+        """This rank's failed episodes by kind since the last call (``FAILURE_KINDS``); None: no episodes."""
+
+    def take_trajectories(self) -> list:
+        """This rank's trajectories for the context optimiser since the last call."""
+
+    @property
+    def recent_errors(self) -> list[str]:
+        """A few errors of the last episodes this rank played (health warnings)."""
+
+
 class _Episodeless:
     """What an objective without episodes answers: no failures, no trajectories, no episode errors."""
 
@@ -45,9 +66,6 @@ class _Episodeless:
 
     def take_trajectories(self) -> list:
         return []
-
-    def close(self) -> None:
-        pass
 
 
 class SeedHash(_Episodeless):
@@ -96,6 +114,6 @@ class TargetLogProb(_Episodeless):
 OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None}
 
 
-def build_objective(cfg, model):
+def build_objective(cfg, model) -> Objective:
     """The ``objective`` section's objective on ``model`` (the trainer's, perturbed in place by each member)."""
     return OBJECTIVES[cfg.name](cfg, model)

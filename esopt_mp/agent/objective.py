@@ -63,6 +63,3 @@ class AgentObjective:
     def recent_errors(self) -> list[str]:
         """A few errors of the last episodes this rank played (health warnings)."""
         return self.player.recent_errors
-
-    def close(self) -> None:
-        self.player.engine.close()

@@ -14,11 +14,11 @@ from esopt_mp.trainer import ESTrainer
 
 
 def _cfg(dp: int, tp: int, model_path: str, run_dir: str, objective: str, steps: int, **es):
-    es_cfg = {"population": 8, "steps": steps, "seed": 7, "mirrored": True,
+    es_cfg = {"population": 8, "steps": steps, "mirrored": True,
               "sigma": {"kind": "cosine", "start": 0.02, "end": 0.01},
               "alpha": {"kind": "constant", "start": 0.01, "end": 0.01}, "restore": "snapshot"}
     es_cfg.update(es)
-    return build_config({"run": {"dir": run_dir}, "model": {"path": model_path},
+    return build_config({"run": {"dir": run_dir, "seed": 7}, "model": {"path": model_path},
                          "parallel": {"dp": dp, "tp": tp, "checksum_every": 1},
                          "es": es_cfg, "objective": {"name": objective, "batch": 4}}, dp * tp)
 

@@ -34,7 +34,7 @@ def test_docvqa_4b_profile_has_the_paper_values_and_generates_tasks(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from esopt_mp.agent.objective import load_tasks
+    from esopt_mp.agent.episodes import load_tasks
     from esopt_mp.config import build_config
 
     configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))

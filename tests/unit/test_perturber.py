@@ -155,9 +155,9 @@ def test_guards_and_bad_input():
         p.update([1], [1], [1.0], math.inf)
     with pytest.raises(ValueError, match=r"weights\[1\]"):
         p.update([1, 2], [1, 1], [1.0, math.nan], 0.1)
-    with pytest.raises(ValueError, match="restore mode"):
+    with pytest.raises(ValueError, match="es.restore: must be one of"):
         Perturber([shard], restore="undo")
-    with pytest.raises(ValueError, match="master mode"):
+    with pytest.raises(ValueError, match="es.master: must be one of"):
         Perturber([shard], master="fp64")
     with pytest.raises(ValueError, match="only once"):
         Perturber([shard, shard])

@@ -33,7 +33,7 @@ def test_every_collective_on_comm_device_and_from_parallel(dp2_tp2):
         # returns all-gather + checksum, TP checks + stop agreement + eval sum, TP messages, checkpoint barrier
         assert {"all_gather_single", "all_reduce", "broadcast", "barrier"} <= direct, direct
         users = {os.path.basename(o) for *_, o in recs}
-        assert {"loop.py", "objective.py", "trainer.py", "checkpoint.py"} <= users, users
+        assert {"tp.py", "held_out.py", "trainer.py", "checkpoint.py"} <= users, users
 
 
 def test_stop_seen_by_one_rank_stops_all_after_the_same_step(dp2_tp2):

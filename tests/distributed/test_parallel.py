@@ -34,7 +34,6 @@ def test_tp_shards_the_model(layout_results):
 
 def test_seed_only_reward_gives_bit_identical_weights_on_every_layout(layout_results):
     ref = layout_results[(1, 1)]["seed_hash"]
-    base_changed = False
     for layout in LAYOUTS[1:]:
         got = layout_results[layout]["seed_hash"]
         assert got.keys() == ref.keys()

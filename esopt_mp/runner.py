@@ -32,6 +32,7 @@ class Trainer(Protocol):
     """What :func:`run` drives. ``steps`` is the run's length; a resumed run starts at ``start_step``."""
 
     name: str  # "es", "grpo", "ppo": the progress bar's and the log's label
+    resumes: bool  # a rerun of the same command continues a stopped run (ES) or cannot (the baselines)
     cfg: TrainConfig
     dims: ParallelDims
     metrics: MetricsWriter
@@ -133,7 +134,9 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
         else:
             trainer.poll()  # a finished background write becomes a complete checkpoint now
         if stopping and not last:
-            log.warning("stopped after step %d on request; the checkpoint after it is saved", t)
+            log.warning("stopped after step %d on request; the checkpoint after it is saved; %s", t,
+                        "rerun the same command to resume" if trainer.resumes else
+                        f"{trainer.name.upper()} runs do not resume: a rerun starts in a new run.dir")
             return {"stopped_at": t + 1}
     after = trainer.evaluate()
     metrics.write({"eval_step": steps, "eval": after})

@@ -63,6 +63,7 @@ class ESTrainer:
     """The ES side of :class:`esopt_mp.runner.Trainer`; :func:`esopt_mp.runner.run` drives it."""
 
     name = "es"
+    resumes = True
 
     def __init__(self, cfg: TrainConfig, dims: ParallelDims):
         self.cfg, self.dims = cfg, dims

@@ -100,7 +100,9 @@ def main(hcfg: DictConfig) -> None:
             summary = run(trainer)
             if launch.rank == 0:
                 print(json.dumps(summary))
-            code = STOPPED_EXIT if "stopped_at" in summary else 0  # 75: requeue me (the slurm scripts resubmit)
+            # 75: requeue me (the slurm scripts resubmit); a stopped run that cannot resume (the baselines) is not
+            # requeued: 1, it ended unfinished
+            code = 0 if "stopped_at" not in summary else STOPPED_EXIT if trainer.resumes else 1
     finally:
         if trainer is not None:
             trainer.close()

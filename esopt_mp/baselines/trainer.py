@@ -60,6 +60,7 @@ class BaselineTrainer:
 
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
+        self.resumes = False
         self.name, self.start_step = cfg.algo.name, 0  # its checkpoint is not resumed: every run starts at step 0
         self.steps = cfg.algo.steps or cfg.es.steps
         self._refuse_a_stopped_run()
@@ -148,9 +149,9 @@ class BaselineTrainer:
         if os.path.isfile(path):
             done = torch.load(path, map_location="cpu", mmap=True, weights_only=True)["step"]  # tensors stay on disk
             if done < self.steps:
-                err = CheckpointError(f"run.dir={self.cfg.run.dir} holds a {self.name.upper()} run stopped after "
-                                      f"{done} of {self.steps} steps ({path}); a baseline run does not resume: "
-                                      "start it in a new run.dir")
+                err = CheckpointError(f"run.dir={self.cfg.run.dir} holds a {self.name.upper()} run saved after "
+                                      f"{done} steps ({path}) and this one has {self.steps}; a baseline run does "
+                                      "not resume: start it in a new run.dir")
         agree_on_failure(self.dims, err, "starting the run")
 
     def poll(self) -> None:

@@ -39,8 +39,9 @@ def test_launch_baseline_writes_es_compatible_metrics(tmp_path, algo):
 
 
 def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_path):
-    """SIGUSR1 during a GRPO run: it finishes the step, saves its checkpoint and exits 75 (as ES does); the
-    checkpoint is not resumed, so the rerun (a requeue) is refused in one line, exit 2, instead of starting over."""
+    """SIGUSR1 during a GRPO run: it finishes the step and saves its checkpoint, as ES does; the checkpoint is not
+    resumed, so it exits 1, not 75 (the slurm scripts requeue on 75), and a rerun is refused in one line, exit 2,
+    instead of starting over."""
     run_dir, steps = tmp_path / "run", 6
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     args = [sys.executable, "launch/train.py", "algo=grpo", *SHORT, f"es.steps={steps}", "run.checkpoint_every=0",
@@ -52,9 +53,10 @@ def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_p
         time.sleep(0.05)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 75, err[-3000:]
+    assert proc.returncode == 1, err[-3000:]
     stopped = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])["stopped_at"]
     assert 1 <= stopped < steps and f"stopped after step {stopped - 1} on request" in err
+    assert "GRPO runs do not resume: a rerun starts in a new run.dir" in err
     import torch
 
     ckpt = run_dir / "baseline" / "rank0.pt"
@@ -62,7 +64,7 @@ def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_p
     rerun = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 2
     assert rerun.stderr.strip().splitlines()[-1] == (
-        f"error: run.dir={run_dir} holds a GRPO run stopped after {stopped} of {steps} steps ({ckpt}); "
+        f"error: run.dir={run_dir} holds a GRPO run saved after {stopped} steps ({ckpt}) and this one has {steps}; "
         "a baseline run does not resume: start it in a new run.dir")
 
 

@@ -1,5 +1,6 @@
 """The run loop on a fake trainer (no model, no process group): what it calls when, what it logs, how it stops."""
 import json
+import logging
 import os
 import signal
 from types import SimpleNamespace
@@ -27,6 +28,7 @@ class AnyComm:
 
 class FakeTrainer:
     name = "fake"
+    resumes = True
 
     def __init__(self, run_dir, steps=5, start=0, rank=0, third="sigma", signal_at=None, **run):
         self.cfg = SimpleNamespace(run=RunConfig(dir=str(run_dir), **run))
@@ -104,10 +106,16 @@ def test_the_last_step_is_logged_and_no_eval_repeats_the_final_one(tmp_path):
     assert [c for c in tr.calls if c[0] == "save"] == [("save", 4)]
 
 
-def test_a_signal_mid_step_checkpoints_after_that_step_and_stops(tmp_path):
+@pytest.mark.parametrize("resumes", [True, False])
+def test_a_signal_mid_step_checkpoints_after_that_step_and_stops(tmp_path, resumes, caplog):
     before = signal.getsignal(signal.SIGUSR1)
     tr = FakeTrainer(tmp_path, steps=5, signal_at=1, checkpoint_every=0)
-    assert run(tr) == {"stopped_at": 2}
+    tr.resumes = resumes
+    with caplog.at_level(logging.WARNING, logger="esopt_mp.runner"):
+        assert run(tr) == {"stopped_at": 2}
+    # the line says what a rerun does: resume, or (a trainer that cannot resume) nothing of this run.dir
+    assert ("rerun the same command to resume" in caplog.text) is resumes
+    assert ("FAKE runs do not resume: a rerun starts in a new run.dir" in caplog.text) is not resumes
     assert tr.calls == [("evaluate",), ("step", 0), ("poll",), ("step", 1), ("save", 2), ("wait",)]
     assert tr.dims.comm.flags == [False, True]
     assert signal.getsignal(signal.SIGUSR1) == before  # the run's handler is gone with the run
@@ -175,7 +183,8 @@ def test_a_baseline_run_dir_holding_a_stopped_run_is_refused(tmp_path):
                         "objective": {"name": "agent"}, "model": {"path": "builtin:tiny_agent"}}, 1)
     (tmp_path / "baseline").mkdir()
     torch.save({"step": 2, "model": {"w": torch.zeros(3)}}, tmp_path / "baseline" / "rank0.pt")
-    with pytest.raises(CheckpointError, match=r"holds a GRPO run stopped after 2 of 3 steps .*does not resume"):
+    with pytest.raises(CheckpointError, match=r"holds a GRPO run saved after 2 steps .* this one has 3; a baseline "
+                                              r"run does not resume"):
         BaselineTrainer(cfg, ParallelDims(1, 1, 1))
     torch.save({"step": 3, "model": {"w": torch.zeros(3)}}, tmp_path / "baseline" / "rank0.pt")
     finished = BaselineTrainer.__new__(BaselineTrainer)  # a finished run's dir may be trained again (as before)

@@ -69,7 +69,7 @@ class EnvConfig:
 
     @property
     def spec(self):
-        """The named environment's :class:`~esopt_mp.envs.registry.EnvSpec` (imports it once)."""
+        """The named environment's :class:`~esopt_mp.envs.spec.EnvSpec` (imports it once)."""
         from esopt_mp.envs.registry import load_spec
 
         return load_spec(self.name)

@@ -21,7 +21,7 @@ import tempfile
 import weakref
 
 from esopt_mp.envs.anls import THRESHOLD, anls, extract_final_answer, normalize
-from esopt_mp.envs.registry import EnvSpec
+from esopt_mp.envs.spec import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 from esopt_mp.envs.docvqa_config import DocVQAConfig, resolve_tesseract
 from esopt_mp.envs.sandbox.core import WORKSPACE

@@ -13,7 +13,7 @@ import random
 import re
 
 from esopt_mp.envs.toolcalls import MAX_CALLS, build_parser
-from esopt_mp.envs.registry import EnvSpec
+from esopt_mp.envs.spec import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
 SYSTEM = ("Solve the problem. You may run Python with the `python` tool: "

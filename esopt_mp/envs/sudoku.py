@@ -15,7 +15,7 @@ import math
 import random
 import re
 
-from esopt_mp.envs.registry import EnvSpec
+from esopt_mp.envs.spec import EnvSpec
 
 ACTION = re.compile(r"set\s+(-?\d+)\s+(-?\d+)\s+(-?\d+)", re.IGNORECASE)
 _DIGITS = 6  # a longer number is out of range whatever it is (and int() refuses 4300+ digits)

@@ -56,7 +56,7 @@ def test_a_sandbox_that_cannot_start_is_the_infrastructures(monkeypatch):
     import subprocess
 
     from esopt_mp.envs import make
-    from esopt_mp.envs.heuristic import generate
+    from esopt_mp.envs.ahd.bpp_online import generate
     from esopt_mp.envs.sandbox import Sandbox, SandboxLimits, SandboxStartError
 
     sandbox = Sandbox(SandboxLimits(wall_s=8, cpu_s=3))

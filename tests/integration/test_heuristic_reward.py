@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from esopt_mp.envs import make
-from esopt_mp.envs.heuristic import FAIL_GAP, pack_online, weibull_instances
+from esopt_mp.envs.ahd.bpp_online import FAIL_GAP, pack_online, weibull_instances
 from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
 
 TASK = {"id": "b", "seed": 3, "n_instances": 2, "n_items": 200}

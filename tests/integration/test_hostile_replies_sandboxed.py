@@ -27,7 +27,7 @@ def test_math_react_steps_on_hostile_text(sandbox):
 @pytest.mark.parametrize("problem", ["bpp_online", "tsp_constructive", "tsp_aco"])
 def test_heuristic_steps_on_hostile_text(sandbox, problem):
     from esopt_mp.envs import ahd
-    from esopt_mp.envs.heuristic import generate
+    from esopt_mp.envs.ahd.bpp_online import generate
 
     env = make("heuristic", max_turns=10 ** 6, sandbox=sandbox, problem=problem)
     task = generate(1, seed=0, n_instances=2, n_items=20)[0] if problem == "bpp_online" else \

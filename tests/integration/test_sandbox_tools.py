@@ -63,7 +63,7 @@ def test_math_loader_reads_paper_splits():
 
 
 def test_bin_packing_evaluator(sandbox):
-    from esopt_mp.envs.heuristic import FAIL_GAP
+    from esopt_mp.envs.ahd.bpp_online import FAIL_GAP
 
     env = make("heuristic", max_turns=2, sandbox=Sandbox(SandboxLimits(wall_s=20, cpu_s=20)))
     env.reset({"id": "b", "seed": 3, "n_instances": 2, "n_items": 200})

@@ -67,6 +67,19 @@ def _lazy_exports(tree: ast.Module, mod: str) -> list[str]:
     return []
 
 
+def _string_tables(tree: ast.Module) -> list[str]:
+    """Modules named by the string values of a module-level dict (a lazy registry: ``{"sudoku":
+    "esopt_mp.envs.sudoku:SPEC"}``, imported with ``importlib`` when the key is asked for: a dependency all the
+    same). A lone string constant (an entry-point group's name, say) is not a table and does not count."""
+    out = []
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict):
+            out += [v.value.partition(":")[0] for v in value.values
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.startswith(PKG + ".")]
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def import_graph(root: Path = ROOT) -> dict[str, frozenset[str]]:
     modules = _modules(root)
@@ -76,6 +89,7 @@ def import_graph(root: Path = ROOT) -> dict[str, frozenset[str]]:
         tree = ast.parse(path.read_text(), filename=str(path))
         if is_pkg:
             graph[mod].update(m for m in _lazy_exports(tree, mod) if m in modules)
+        graph[mod].update(m for m in _string_tables(tree) if m in modules)
         for node in _imports(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):

@@ -33,7 +33,7 @@ import urllib.request
 import weakref
 
 from esopt_mp.envs.base import InfraError
-from esopt_mp.envs.registry import EnvSpec
+from esopt_mp.envs.spec import EnvSpec
 from esopt_mp.envs.web import stack, worker
 from esopt_mp.envs.web.actions import USAGE, ActionError, parse_action
 from esopt_mp.envs.web.config import WebConfig

@@ -53,19 +53,22 @@ def open_sections(overrides: list[str]) -> list[str]:
 
     Hydra's tree is struct (a key must exist to be set) and the YAML files write only what differs from the
     dataclasses' defaults, so ``key=v`` of any known field (``es.weight_decay``, ``env.sandbox.wall_s``...) and
-    ``env.<name>.<key>=v`` of an environment's section (a plugin's is never in the tree) are made ``++``. A key
+    ``env.<name>.<key>=v`` of an environment's section (a plugin's is never in the tree) are made ``++``, and so
+    is an unknown key of a section (``engine.top_pp``), which :func:`build_config` then refuses by name. A key
     that moved (:data:`MOVED`, or into an environment's section) fails here, with its new spelling."""
     from esopt_mp.envs.registry import moved
 
     own = {f.name for f in dataclasses.fields(EnvConfig)} - {"sections"}
     known = _field_paths(TrainConfig) - {"env.sections"}
+    typed = {f.name for f in dataclasses.fields(TrainConfig)}  # a misspelt key of these is refused by the
+    # config's own check, in one line naming it, not by Hydra's struct error (a screen of traceback)
     out = []
     for arg in overrides:
         key, eq, _ = arg.partition("=")
         parts = key.split(".")
         if eq and key.lstrip("+~") in MOVED:
             raise ConfigError(f"{key.lstrip('+~')} is now {MOVED[key.lstrip('+~')]}")
-        if eq and key in known and len(parts) >= 2:
+        if eq and len(parts) >= 2 and (key in known or (parts[0] in typed and (parts[0] != "env" or parts[1] in own))):
             arg = "++" + arg
         elif eq and parts[0] == "env" and len(parts) >= 2 and parts[1] not in own:
             if moved(parts[1]):

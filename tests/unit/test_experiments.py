@@ -182,3 +182,10 @@ def test_greedy_repeats_are_refused_naming_the_keys():
     with pytest.raises(ConfigError, match=r"env\.eval_repeats: 4 samples per question with env\.eval_temperature=0"):
         build_config(_compose("env.eval_repeats=4"), 1)
     assert build_config(_compose("env.eval_repeats=4", "env.eval_temperature=0.7"), 1).env.eval_repeats == 4
+
+
+@pytest.mark.parametrize("arg, known", [("engine.top_pp=0.9", "'top_p'"), ("env.sandbox.wal_s=5", "'wall_s'"),
+                                        ("es.sigma.strat=0.1", "'start'")])
+def test_a_misspelt_key_of_a_section_is_refused_by_name_not_by_hydras_struct_error(arg, known):
+    with pytest.raises(ConfigError, match=rf"unknown config key '{arg.split('=')[0]}'; known keys here: .*{known}"):
+        build_config(_compose(arg), 1)

@@ -5,7 +5,7 @@ the same launcher (``algo=grpo|ppo``), curves that overlay with ES runs, and
 the memory a gradient trainer needs (profiled by ``tools/memprof.py``).
 The names below load on first use (PEP 562), so importing ``esopt_mp.baselines.config`` loads no torch.
 """
-import importlib
+from esopt_mp.lazy import lazy_exports
 
 _EXPORTS = {
     "GRPO": "algos", "PPO": "algos", "TokenBatch": "batch", "build_token_batch": "batch",
@@ -25,14 +25,4 @@ def build_baseline(name: str, model, cfg, dims):
 
 __all__ = sorted([*_EXPORTS, "build_baseline"])
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -2,7 +2,7 @@
 
 The names below load on first use (PEP 562), so importing ``esopt_mp.models.config`` loads no torch.
 """
-import importlib
+from esopt_mp.lazy import lazy_exports
 
 _EXPORTS = {
     "export_hf": "export", "build_shards": "loading", "full_state_dict": "loading", "load_model": "loading",
@@ -12,14 +12,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

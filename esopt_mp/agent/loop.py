@@ -12,7 +12,7 @@ import math
 import time
 
 from esopt_mp.agent.chat import IM_END, delta_text, opening_text
-from esopt_mp.engine.base import Engine
+from esopt_mp.engine.base import Engine, generate_capped
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import InfraError, call_envs, failure_return, returns_sum
 from esopt_mp.envs.config import EnvConfig, check_episode_limits
@@ -105,7 +105,7 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
     while live:
         caps = [_left(cfg, convs[i], new_ids[i]) for i in live] if cfg.max_episode_tokens else None
         starts = [len(convs[i].ids) + len(new_ids[i]) for i in live]
-        gens = _generate(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg, caps)
+        gens = generate_capped(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg.sampling, caps)
         nxt = []
         steps = call_envs([(envs[i], "step", g.text) for i, g in zip(live, gens)], cfg.env_workers)
         for i, g, s0, (out, err, env_s) in zip(live, gens, starts, steps):
@@ -174,13 +174,6 @@ def _left(cfg: AgentConfig, conv, new_ids: list[int]) -> int:
     if not cfg.max_episode_tokens:
         return cfg.sampling.max_new_tokens
     return min(cfg.sampling.max_new_tokens, cfg.max_episode_tokens - len(conv.ids) - len(new_ids))
-
-
-def _generate(engine, convs, new_ids, cfg: AgentConfig, caps):
-    """One batched turn; per-row caps only under a token budget (engines without budgets take none)."""
-    if caps is None:
-        return engine.generate(convs, new_ids, cfg.sampling)
-    return engine.generate(convs, new_ids, cfg.sampling, max_new=caps)
 
 
 def _out_of_tokens(ep: Episode, ret: float, seconds: float) -> None:

@@ -57,6 +57,14 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+def generate_capped(engine: Engine, convs: list, new_ids: list[list[int]], params: SamplingParams,
+                    caps: list[int] | None) -> list[Generation]:
+    """One batched turn; per-row caps only when given (an engine without token budgets takes no ``max_new``)."""
+    if caps is None:
+        return engine.generate(convs, new_ids, params)
+    return engine.generate(convs, new_ids, params, max_new=caps)
+
+
 def reply_text(tokenizer, eos: set[int], ids: list[int], stop) -> str:
     """A reply's text as the environment sees it (both engines): EOS tokens dropped, cut at the first stop string."""
     text = tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=False)

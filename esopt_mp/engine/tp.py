@@ -14,7 +14,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from esopt_mp.engine.base import Engine, Generation
+from esopt_mp.engine.base import Engine, Generation, generate_capped
 from esopt_mp.engine.sampling import SamplingParams
 
 T = TypeVar("T")
@@ -48,13 +48,6 @@ class TPChannel:
         x = self.dims.comm.all_reduce(torch.tensor([h, -h], dtype=torch.int64), "max", dim="tp")
         if int(x[0]) != -int(x[1]):
             raise RuntimeError(f"tp ranks sampled different tokens (rank {self.dims.rank}); logits diverged")
-
-
-def _generate(engine: Engine, convs, new_ids, params: SamplingParams, caps) -> list[Generation]:
-    """Per-row caps only when given (engines without token budgets take none)."""
-    if caps is None:
-        return engine.generate(convs, new_ids, params)
-    return engine.generate(convs, new_ids, params, max_new=caps)
 
 
 class TPEngine:
@@ -100,7 +93,7 @@ class TPEngine:
     def generate(self, convs: list, new_ids: list[list[int]], params: SamplingParams,
                  max_new: list[int] | None = None) -> list[Generation]:
         if not self.chan.on:
-            return _generate(self.inner, convs, new_ids, params, max_new)
+            return generate_capped(self.inner, convs, new_ids, params, max_new)
         if not self._depth:
             raise RuntimeError("TPEngine.generate at tp > 1 outside TPEngine.lead: the peers would not follow")
         self._send_batch()
@@ -109,7 +102,7 @@ class TPEngine:
             raise ValueError("TPEngine.generate: a conversation of an earlier batch (its peers' copy is gone)")
         self.chan.send(("gen", [index[id(c)] for c in convs], list(new_ids), max_new))
         self._exposed = True  # from here until the checksum, the peers run the same forward passes
-        gens = _generate(self.inner, convs, new_ids, params, max_new)
+        gens = generate_capped(self.inner, convs, new_ids, params, max_new)
         self.chan.verify(gens)
         self._exposed = False
         return gens
@@ -159,7 +152,7 @@ class TPEngine:
                 convs = [self.inner.new_conversation(i, s) for i, s in enumerate(msg[1])]
             elif msg[0] == "gen":
                 _, live, ids, caps = msg
-                self.chan.verify(_generate(self.inner, [convs[i] for i in live], ids, sampling, caps))
+                self.chan.verify(generate_capped(self.inner, [convs[i] for i in live], ids, sampling, caps))
             elif msg[0] == "end":
                 self.followed = done + [list(c.ids) for c in convs]
                 return self.followed

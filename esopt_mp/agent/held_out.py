@@ -36,10 +36,9 @@ class HeldOut:
         self.round += 1
         mine = list(range(dims.dp_rank, n * k, dims.dp))
         seeds = [stream_seed(p.run_seed, "eval", e // k, e % k) for e in mine]
-        ctx = {} if self.context is None else {"render": self.context.render}
-        tags = {} if self.context is None else {"context": self.context.hash}
+        ctx = {} if self.context is None else {"render": self.context.render, "context": self.context.hash}
         eps = p.play([p.eval_tasks[e // k] for e in mine], seeds, p.eval_cfg, slots=mine, kind="eval", round=r,
-                     **ctx, **tags)  # [] on TP peers
+                     **ctx)  # [] on TP peers
         kinds = Counter(ep.failure for ep in eps if ep.failure)
         rets = [(e // k, ep.floor if math.isnan(ep.ret) else ep.ret) for e, ep in zip(mine, eps)]
         best = torch.full((n,), -math.inf, dtype=torch.float64)

@@ -89,6 +89,14 @@ class ObjectiveConfig:
     prompt_len: int = 8
     target_len: int = 8
     seed: int = 1234
+    # name=harness: an agent program plays each episode against the member's endpoint (esopt_mp/agent/harness.py)
+    callable: str = ""  # "pkg.module:fn", called fn(base_url, model, task) -> float
+    command: str = ""  # an argv string (no shell): OPENAI_* in its environment, the task as JSON on stdin
+    concurrency: int = 8  # episodes whose harness runs at once
+    tasks: str = ""  # JSONL of training tasks ("": env.name's task source)
+    eval_tasks: str = ""  # JSONL of held-out tasks ("": env.name's eval split)
+    timeout_s: float = 600.0  # each episode's wall clock
+    failure_return: float = 0.0  # what an episode the harness failed scores
 
     def validate(self, key: str = "objective") -> None:
         from esopt_mp.objectives import OBJECTIVES
@@ -96,6 +104,10 @@ class ObjectiveConfig:
         check(self.name in OBJECTIVES, f"{key}.name", f"unknown objective {self.name!r}; known: {sorted(OBJECTIVES)}")
         for k in ("batch", "prompt_len", "target_len"):
             check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
+        if self.name == "harness":
+            from esopt_mp.agent.harness_run import check_harness_config
+
+            check_harness_config(self, key)
 
 
 @dataclasses.dataclass
@@ -146,8 +158,8 @@ class TrainConfig:
         if self.engine.name == "vllm":
             check(self.algo.name == "es", "engine.name",
               f"engine=vllm serves ES rollouts; algo={self.algo.name} trains through the hf engine")
-            check(self.objective.name == "agent", "engine.name",
-              f"engine=vllm plays agent episodes: needs objective=agent, got {self.objective.name!r}")
+            check(self.objective.name in ("agent", "harness"), "engine.name",
+              f"engine=vllm plays agent episodes: needs objective=agent or harness, got {self.objective.name!r}")
         if self.prompt.optimiser == "skill":
             check(self.objective.name == "agent", "prompt.optimiser",
               f"skill edits the system prompt of agent episodes: needs objective=agent, got {self.objective.name!r}")
@@ -160,6 +172,9 @@ class TrainConfig:
               "context optimisers run beside ES (algo=es) with engine=hf for now")
         if self.algo.name != "es":
             a = self.algo
+            check(self.objective.name != "harness", "objective.name",
+              f"algo={a.name} needs the token log-probs of its episodes; a harness gives one return per episode: "
+              "use algo=es")
             check(self.objective.name == "agent", "objective.name",
               f"algo={a.name} trains on agent episodes: needs objective=agent, got {self.objective.name!r}")
             check(a.tasks_per_step >= p.dp, "algo.tasks_per_step",

@@ -16,6 +16,8 @@ _BLOCK = 1 << 20
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                "special_tokens_map.json", "vocab.json", "merges.txt")
 SAMPLES = 16  # 64 KiB blocks read per safetensors file, spread over its data
+# objective.* fields of objective.name=harness (popped from the identity of every other objective)
+HARNESS_FIELDS = ("callable", "command", "concurrency", "tasks", "eval_tasks", "timeout_s", "failure_return")
 
 
 def file_sha256(path: str, block: int = _BLOCK) -> str:
@@ -118,7 +120,8 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     In: ``run.seed`` (as ``es.seed``), ``es.*`` (population, schedules, shaping, precision modes,
     selection), ``model.dtype``, the model by content (fingerprint of
     ``model_dir``, the resolved model directory, else of ``model.path``;
-    ``model.tiny`` when the tiny model is built), ``objective.*``, the
+    ``model.tiny`` when the tiny model is built), ``objective.*`` (a harness's ``objective.tasks`` by content;
+    not its ``timeout_s``, ``concurrency`` nor ``eval_tasks``), the
     training tasks by content (SHA-256 of ``env.train_path``, or the
     generator settings ``n_train``/``task_seed``), the named environment's section as its spec hashes it
     (``EnvSpec.identity``; not the sections of other environments),
@@ -151,6 +154,13 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
         tiny.pop("arch"), tiny.pop("head_dim")  # fields existed keep their hash (and their resume)
     for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature", "episode_timeout_s", "env_workers"):
         d["env"].pop(k)  # held-out evaluation; how long / how many threads episodes may take
+    obj = d["objective"]  # a harness's settings: only its runs have them; wall clock and concurrency never count
+    for k in ("concurrency", "timeout_s", "eval_tasks") if obj["name"] == "harness" else HARNESS_FIELDS:
+        obj.pop(k)
+    if obj.get("tasks"):  # the training tasks by content, as env.train_path
+        from esopt_mp.data import resolve
+
+        obj["tasks"] = file_sha256(resolve(obj["tasks"]))
     if d["prompt"]["optimiser"] == "none":  # the default: runs started before prompt.* keep their hash
         d.pop("prompt")
     elif d["prompt"]["optimiser"] != "skill":  # sample / eoh runs keep the hash they had before prompt.skill

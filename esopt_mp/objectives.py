@@ -110,8 +110,9 @@ class TargetLogProb(_Episodeless):
         return self.score(self.model, self.eval_ids), {}
 
 
-# "agent" episodes need the tokenizer and engine: the trainer builds esopt_mp.agent.objective.AgentObjective
-OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None}
+# "agent" episodes need the tokenizer and engine: the trainer builds esopt_mp.agent.objective.AgentObjective;
+# "harness" also an endpoint server: esopt_mp.agent.harness.HarnessObjective
+OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None, "harness": None}
 
 
 def build_objective(cfg, model) -> Objective:

@@ -25,7 +25,7 @@ from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_st
 from esopt_mp.resume import agree_on_failure, restore_run_
 from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.config import TrainConfig
-from esopt_mp.envs.base import FAILURE_KINDS
+from esopt_mp.envs.base import FAILURE_KINDS, StartupError
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.es.perturber import exact_restore
 from esopt_mp.identity import config_identity, diff_identity
@@ -70,7 +70,7 @@ class ESTrainer:
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
-        path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.name == "agent")
+        path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.name in ("agent", "harness"))
         self.base_path = path
         es = cfg.es
         self.tokenizer = None
@@ -98,6 +98,8 @@ class ESTrainer:
         self.engine, self.context = None, None  # the agent's engine; the context optimiser's side (prompt.*)
         if cfg.objective.name == "agent":
             self._build_agent(cfg, dims, path, engine)
+        elif cfg.objective.name == "harness":
+            self._build_harness(cfg, dims, path, engine)
         else:
             self.objective = build_objective(cfg.objective, self.model)
         self.sigma = _schedule(es.sigma, es.steps)
@@ -144,6 +146,20 @@ class ESTrainer:
             self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit,
                                       seed_thought=thought)
         self.objective = AgentObjective(player, self.context)
+
+    def _build_harness(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
+        """An hf engine on the model (or ``engine``, vllm's), served by an endpoint on each TP leader while a member
+        is evaluated; the harness plays against it (esopt_mp/agent/harness.py)."""
+        from transformers import AutoTokenizer
+
+        from esopt_mp.agent.harness import build_harness
+        from esopt_mp.engine.hf import HFEngine
+
+        self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
+        engine = engine or HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
+        traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
+        self.objective = build_harness(cfg, engine, dims, traj)
+        self.engine = self.objective.player.engine
 
     # ------------------------------------------------------------------ build
     def _resume(self) -> int:
@@ -226,6 +242,8 @@ class ESTrainer:
             try:
                 member = Member(t, m, seeds[m], signs[m], m // 2 if es.mirrored else m)
                 local[m] = self.objective.evaluate_member(member)
+            except StartupError:
+                raise  # the objective cannot be played here (a harness that never calls its endpoint): every rank
             except Exception as e:
                 if dims.tp > 1:
                     raise  # a peer may be waiting inside a collective: fail loudly rather than hang
@@ -316,6 +334,8 @@ class ESTrainer:
     def close(self) -> None:
         if getattr(self, "ckpt", None) is not None:
             self.ckpt.close()  # normal ends waited already; on an error path an unfinished save stays a leftover
+        if getattr(getattr(self, "objective", None), "close", None) is not None:  # a harness's endpoint server
+            self.objective.close()
         if getattr(self, "engine", None) is not None:  # vllm: shut down before the launcher's process groups go
             self.engine.close()
         self.metrics.close()

@@ -84,7 +84,7 @@ def main(hcfg: DictConfig) -> None:
                                   or max(1, (os.cpu_count() or 1) // launch.local_world_size)))
     dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
                             use_deepspeed=cfg.parallel.launcher == "deepspeed", timeout_s=cfg.parallel.timeout_s)
-    trainer, code = None, 0
+    trainer, code, summary = None, 0, None
     try:
         try:
             if cfg.algo.name == "es":
@@ -97,7 +97,12 @@ def main(hcfg: DictConfig) -> None:
             print(f"error: {e}", file=sys.stderr)  # sandbox, browsers, server, tasks), or the run.dir holds another
             code = 2  # run (its config hash) or a checkpoint that cannot be resumed: one line
         if trainer is not None:
-            summary = run(trainer)
+            try:
+                summary = run(trainer)
+            except StartupError as e:  # found at the first evaluation (a harness that never calls its endpoint)
+                print(f"error: {e}", file=sys.stderr)
+                summary, code = None, 2
+        if summary is not None:
             if launch.rank == 0:
                 print(json.dumps(summary))
             # 75: requeue me (the slurm scripts resubmit); a stopped run that cannot resume (the baselines) is not

@@ -1,0 +1,239 @@
+"""ES objective over a harness: any agent program plays each episode against the member's OpenAI-compatible endpoint.
+
+While a member is evaluated, its dp group's TP leader serves it (:mod:`esopt_mp.endpoint`) and runs the harness
+once per task (``objective.callable`` or ``objective.command``, :mod:`esopt_mp.agent.harness_run`), each episode
+on its own base URL; the peers follow the leader's generations (``engine.lead``). The member's return is the mean
+of its episodes' returns, with the failure rules of every episode. Tasks, seeds and the held-out evaluation are the
+agent objective's: every member of a step plays the same tasks (the run's ``tasks`` stream), episode e of member m
+samples with the ``episode`` stream, held-out samples with the ``eval`` stream (:class:`HeldOut`). Trajectories
+are recorded from the endpoint's side: every request and reply of each episode, in ``trajectories.jsonl``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+from collections import Counter
+
+from esopt_mp.agent.episodes import load_tasks, return_total
+from esopt_mp.agent.harness_run import (HarnessError, HarnessPool, callable_job, command_argv, command_job,
+                                        load_callable)
+from esopt_mp.agent.held_out import HeldOut
+from esopt_mp.agent.loop import Episode
+from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.tp import replicated
+from esopt_mp.envs import FAILURE_KINDS
+from esopt_mp.es.seeds import stream_seed
+
+log = logging.getLogger(__name__)
+
+
+def read_tasks(path: str, key: str) -> list[dict]:
+    """Every task of a JSONL file (one JSON object a line); one line naming the setting on a bad line."""
+    from esopt_mp.data import resolve
+
+    tasks = []
+    with open(resolve(path)) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{key}={path}:{i}: not a JSON task: {e}") from None
+            if not isinstance(task, dict):
+                raise HarnessError(f"{key}={path}:{i}: a task must be a JSON object, got {type(task).__name__}")
+            tasks.append(task)
+    return tasks
+
+
+def harness_tasks(obj_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) tasks: ``objective.tasks`` / ``objective.eval_tasks``, else ``env.name``'s splits."""
+    train = read_tasks(obj_cfg.tasks, "objective.tasks") if obj_cfg.tasks else None
+    held = read_tasks(obj_cfg.eval_tasks, "objective.eval_tasks") if obj_cfg.eval_tasks else None
+    if train is None or held is None:
+        try:
+            env_train, env_held = load_tasks(env_cfg)
+        except (ValueError, OSError, TypeError) as e:
+            raise HarnessError(f"env.name={env_cfg.name}: its tasks: {e}") from e
+        train, held = env_train if train is None else train, env_held if held is None else held
+    train, held = json.loads(json.dumps(train, default=str)), json.loads(json.dumps(held, default=str))
+    if len(train) < env_cfg.episodes_per_step or not held:
+        raise HarnessError(f"objective=harness: {len(train)} training tasks (a step plays env.episodes_per_step="
+                           f"{env_cfg.episodes_per_step}) and {len(held)} held-out tasks (at least 1) are not enough")
+    return train, held
+
+
+def agree(dims, error: str | None) -> None:
+    """One verdict for all ranks: if any rank's ``error`` is set, every rank raises :class:`HarnessError` with the
+    lowest failing rank's line (one all-gather), so no peer waits in the next collective."""
+    lines = dims.comm.all_gather_object(error) if dims.world_size > 1 else [error]
+    first = next((x for x in lines if x), None)
+    if first is not None:
+        raise HarnessError(first)
+
+
+class HarnessPlayer:
+    """Plays episodes by running the harness against the served member: what :class:`HeldOut` asks of a player."""
+
+    def __init__(self, obj_cfg, env_cfg, engine_cfg, run_seed: int, engine, dims, server=None, api_key: str = "",
+                 traj_path: str | None = None):
+        """``server``: the started :class:`esopt_mp.endpoint.EndpointServer` of this TP leader (None on peers);
+        ``api_key``: the endpoint's bearer key ("" none), given to a command as OPENAI_API_KEY."""
+        self.obj, self.cfg, self.run_seed, self.dims, self.server = obj_cfg, env_cfg, run_seed, dims, server
+        self.engine = replicated(engine, dims)
+        self.train_cfg = SamplingParams.of(engine_cfg)
+        self.eval_cfg = SamplingParams.of(engine_cfg, env_cfg.eval_temperature)
+        self.train_tasks, self.eval_tasks = harness_tasks(obj_cfg, env_cfg)
+        if obj_cfg.callable:
+            self.form, fn = f"objective.callable={obj_cfg.callable}", load_callable(obj_cfg.callable)
+            self._job = lambda url, model, task: callable_job(fn, url, model, task, obj_cfg.failure_return)
+        else:
+            self.form, argv = f"objective.command={obj_cfg.command}", command_argv(obj_cfg.command)
+            self._job = lambda url, model, task: command_job(argv, url, model, api_key, task, obj_cfg.failure_return)
+        self.traj_path = traj_path if traj_path and dims.rank == 0 else None
+        self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
+        self.failures: Counter = Counter()  # failed training episodes this rank played, by kind, since the last take
+        self.never_called: str | None = None  # the last play's line when none of its episodes called the endpoint
+
+    def step_tasks(self, step: int) -> list[dict]:
+        """The step's training tasks, drawn from the run's ``tasks`` stream (the same for every member)."""
+        rng = random.Random(stream_seed(self.run_seed, "tasks", step))
+        return [self.train_tasks[i] for i in rng.sample(range(len(self.train_tasks)), self.cfg.episodes_per_step)]
+
+    def play(self, tasks, seeds, sampling: SamplingParams, slots=None, **tags) -> list[Episode]:
+        """One harness run per task against the member served meanwhile (its conversation j=0 sampling with
+        ``seeds[i]``); on TP peers [] after following the leader's generations."""
+        return self.engine.lead(lambda: self._play(tasks, seeds, sampling, slots, tags), sampling, default=[])
+
+    def _play(self, tasks, seeds, sampling, slots, tags) -> list[Episode]:
+        o = self.obj
+        model = (f"member-{tags['step']}-{tags['member']}" if tags.get("kind") == "train"
+                 else f"{tags.get('kind', 'eval')}-{tags.get('round', 0)}")
+        slots = list(range(len(tasks))) if slots is None else list(slots)
+        with self.server.member(model, list(seeds), sampling) as m:
+            urls = [m.routes[k].base_url for k in range(len(tasks))]
+            pool = HarnessPool([self._job(u, model, t) for u, t in zip(urls, tasks)], o.concurrency, o.timeout_s,
+                               o.failure_return).start()
+            try:
+                m.serve(self.engine, live=pool.live, until=pool.done)
+            except BaseException:
+                pool.cancel()
+                raise
+            pool.wait()
+            records = [list(m.routes[k].records) for k in range(len(tasks))]
+            calls = [_count(m.routes[k].calls) for k in range(len(tasks))]
+        eps = []
+        for k, (task, out) in enumerate(zip(tasks, pool.outcomes)):
+            if not calls[k] and out.failure != "wall_clock":  # the model had no part in it
+                what = out.error or f"returned {out.ret!r}"
+                out.ret, out.failure, out.error = math.nan, "infra", f"{what}; it never called the endpoint {urls[k]}"
+            ep = Episode(str(task.get("id", slots[k])), ret=out.ret, ended=out.ended, error=out.error,
+                         failure=out.failure, floor=o.failure_return, seconds=out.seconds)
+            eps.append(ep)
+            if out.failure:
+                log.warning("episode %s of %s failed (%s): %s", ep.id, model, out.failure, out.error)
+        self.never_called = None if any(calls) or not tasks else (
+            f"{self.form}: none of the {len(tasks)} episodes of {model} called the endpoint it was given (e.g. "
+            f"{urls[0]}); send the harness's chat requests to that base URL (a command: $OPENAI_BASE_URL)"
+            + (f"; the first episode: {eps[0].error}" if eps[0].error else ""))
+        if self.traj_path:
+            write_requests(self.traj_path, eps, records, **tags)
+        self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
+        if tags.get("kind") == "train":
+            self.failures.update(e.failure for e in eps if e.failure)
+        return eps
+
+    def take_failures(self) -> list[int]:
+        counts, self.failures = self.failures, Counter()
+        return [counts[k] for k in FAILURE_KINDS]
+
+
+def _count(calls) -> int:
+    return calls if isinstance(calls, int) else len(calls)
+
+
+def write_requests(path: str, eps: list[Episode], records: list[list], **tags) -> None:
+    """One JSON line per episode: the tags (kind, step, member...), its return, how it ended, and every request
+    and reply the endpoint saw from it."""
+    with open(path, "a") as f:
+        for ep, reqs in zip(eps, records):
+            row = {k: v for k, v in ep.to_json().items() if k != "turns"}
+            f.write(json.dumps({**tags, **row, "requests": reqs}, default=str) + "\n")
+
+
+class HarnessObjective:
+    """The ES trainer's objective for ``objective.name=harness`` (the calls of :class:`esopt_mp.objectives.Objective`)."""
+
+    def __init__(self, player: HarnessPlayer):
+        self.player = player
+        self.held_out = HeldOut(player)
+        self._checked = False  # the first evaluation checked that the harness calls its endpoint
+
+    def evaluate_member(self, member) -> float:
+        """Member ``member``'s mean return over its step's tasks (NaN if every episode was an infrastructure fault)."""
+        p = self.player
+        tasks = p.step_tasks(member.step)
+        seeds = [stream_seed(p.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
+        eps = p.play(tasks, seeds, p.train_cfg, kind="train", step=member.step, member=member.index)
+        self._check_called()
+        total, n = return_total(eps)
+        return total / n if n else math.nan
+
+    def evaluate_held_out(self) -> tuple[float, dict]:
+        """(Mean@k, its details) of the unperturbed weights on every rank (:meth:`HeldOut.evaluate`)."""
+        out = self.held_out.evaluate()
+        self._check_called()
+        return out
+
+    def _check_called(self) -> None:
+        """After the first evaluation on every rank: a harness none of whose episodes called the endpoint stops
+        the run on every rank, in one line (it was not pointed at the base URL it was given)."""
+        if not self._checked:
+            self._checked = True
+            agree(self.player.dims, self.player.never_called)
+
+    def take_failures(self) -> list[int]:
+        return self.player.take_failures()
+
+    def take_trajectories(self) -> list:
+        return []
+
+    @property
+    def recent_errors(self) -> list[str]:
+        return self.player.recent_errors
+
+    def close(self) -> None:
+        if self.player.server is not None:
+            self.player.server.close()
+
+
+def build_harness(cfg, engine, dims, traj_path: str | None) -> HarnessObjective:
+    """The harness objective of ``cfg`` (a TrainConfig) on ``engine``: the harness loaded (every rank, one line if
+    it cannot be), an endpoint server started on each TP leader (every rank agrees on a failure)."""
+    player = HarnessPlayer(cfg.objective, cfg.env, cfg.engine, cfg.run.seed, engine, dims, None,
+                           _api_key(cfg), traj_path)
+    error = None
+    if dims.is_tp_leader:
+        from esopt_mp.endpoint import EndpointServer
+
+        try:
+            server = EndpointServer(cfg.endpoint, engine.tokenizer, dp_rank=dims.dp_rank)
+            server.start()
+            player.server = server
+        except Exception as e:  # noqa: BLE001 - a port in use, a missing extra: one line, on every rank
+            error = f"{type(e).__name__}: {e}" if not isinstance(e, (RuntimeError, ValueError, OSError)) else str(e)
+    try:
+        agree(dims, error)
+    except HarnessError:
+        if player.server is not None:
+            player.server.close()
+        raise
+    return HarnessObjective(player)
+
+
+def _api_key(cfg) -> str:
+    name = getattr(getattr(cfg, "endpoint", None), "api_key_env", "")
+    return os.environ.get(name, "") if name else ""

@@ -3,9 +3,9 @@
 Hydra composes YAML into a plain dict; :func:`build_config` turns it into a :class:`TrainConfig`, rejecting
 unknown keys and impossible values with a message that names the dotted key -- before any process group or model
 exists. Each section validates itself (``esopt_mp/es/config.py``, ``parallel/config.py``, ``engine/config.py``,
-``models/config.py``, ``envs/config.py``, ``baselines/config.py``, ``prompt/config.py``); this module composes
-them and checks what spans sections. Components receive their own section (``cfg.es``...), never the whole tree.
-Importing it loads no torch. The config hash is :func:`esopt_mp.identity.config_hash`.
+``models/config.py``, ``envs/config.py``, ``baselines/config.py``, ``prompt/config.py``, ``endpoint/config.py``);
+this module composes them and checks what spans sections. Components receive their own section (``cfg.es``...),
+never the whole tree. Importing it loads no torch. The config hash is :func:`esopt_mp.identity.config_hash`.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import dataclasses
 import typing
 
 from esopt_mp.baselines.config import ALGOS, AlgoConfig
+from esopt_mp.endpoint.config import EndpointConfig
 from esopt_mp.engine.config import EngineConfig
 from esopt_mp.envs.config import EnvConfig
 from esopt_mp.es.config import ESConfig
@@ -141,6 +142,7 @@ class TrainConfig:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
+    endpoint: EndpointConfig = dataclasses.field(default_factory=EndpointConfig)
 
     def validate(self, world_size: int | None = None) -> "TrainConfig":
         for f in dataclasses.fields(self):

@@ -129,7 +129,7 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     hash of runs from before it),
     ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and
     ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
-    Out: the rest of ``run.*`` and ``parallel.*`` (noise and updates are layout-invariant,
+    Out: the rest of ``run.*``, ``endpoint.*`` and ``parallel.*`` (noise and updates are layout-invariant,
     tests/distributed), ``es.chunk_elems`` and ``es.noise_backend`` (bit-neutral:
     test_update_matches_dense_formula_and_chunking_is_bitwise_neutral,
     test_compiled_kernel_is_bit_identical_to_eager, test_perturb_restore_update_equal_eager), held-out evaluation
@@ -142,6 +142,7 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     d = cfg.to_dict()
     d["es"]["seed"] = d.pop("run")["seed"]  # hashed where it was before run.seed: earlier runs keep their hash
     d.pop("parallel")
+    d.pop("endpoint")  # where and how fast a member is served, never what it answers
     for k in ("chunk_elems", "noise_backend"):
         d["es"].pop(k)
     eng = d["engine"]  # the engine's rollout settings; not where the weights live nor how fast it serves

@@ -3,8 +3,9 @@
 The TP leader of each group owns tasks and environments; its peers hold the other shards of the same model and
 must run the same sharded forward passes. :class:`TPEngine` wraps any :class:`~esopt_mp.engine.base.Engine` and
 sends the peers what they need from inside ``new_conversation`` / ``generate``: the batch's conversation seeds
-(``("new", seeds)``, sent before its first generation), each generation's rows, new token ids and caps (``("gen",
-live, ids, caps)``), and after each generation a checksum of the sampled tokens (a mismatch raises on every rank).
+(``("new", seeds)``, sent before its first generation; ``("add", seeds)`` for conversations that join it later),
+each generation's rows, new token ids and caps (``("gen", live, ids, caps)``), and after each generation a checksum
+of the sampled tokens (a mismatch raises on every rank).
 Callers wrap everything that generates in :meth:`TPEngine.lead`: the leader runs it while its peers follow until it
 returns (``("end",)``); so no caller branches on the rank to generate. At tp = 1 the wrapper passes calls through.
 """
@@ -62,6 +63,7 @@ class TPEngine:
         self.followed: list[list[int]] = []  # a peer's last follow: the token ids of every conversation it held
         self._batch: list = []  # the leader's conversations of the batch the peers hold (or will get)
         self._seeds: list[int] | None = None  # their seeds, while not yet sent
+        self._joined: list[int] = []  # seeds of conversations joining the batch already sent, while not yet sent
         self._depth = 0  # nested lead() calls on the leader: only the outermost ends the follow
         self._exposed = False  # the peers are inside a generation with the leader: releasing them is unsafe
 
@@ -81,9 +83,15 @@ class TPEngine:
         self.inner.close()
 
     # ------------------------------------------------------------------ leader
-    def new_conversation(self, cid: int, seed: int):
+    def new_conversation(self, cid: int, seed: int, join: bool = False):
+        """``join``: the conversation joins the batch the peers hold instead of starting the next one (a server
+        opens conversations while the others go on)."""
         conv = self.inner.new_conversation(cid, seed)
         if self.chan.on:
+            if join and self._seeds is None and self._batch:
+                self._batch.append(conv)
+                self._joined.append(seed)
+                return conv
             if self._seeds is None:  # the batch the peers hold was sent: this conversation starts the next one
                 self._batch, self._seeds = [], []
             self._batch.append(conv)
@@ -111,6 +119,9 @@ class TPEngine:
         if self._seeds is not None:
             self.chan.send(("new", self._seeds))
             self._seeds = None
+        if self._joined:
+            self.chan.send(("add", self._joined))
+            self._joined = []
 
     def lead(self, fn: Callable[[], T], sampling: SamplingParams, default=None) -> T:
         """``fn()`` on the TP leader, its peers following every generation it makes with ``sampling`` until it
@@ -135,7 +146,7 @@ class TPEngine:
                 if ok:
                     self._send_batch()  # conversations that never generated (all resets failed): the peers' too
                 else:
-                    self._seeds = None
+                    self._seeds, self._joined = None, []
                 if ok or not self._exposed:
                     self.chan.send(("end",))
                 self._batch, self._exposed = [], False
@@ -150,6 +161,8 @@ class TPEngine:
             if msg[0] == "new":
                 done += [list(c.ids) for c in convs]
                 convs = [self.inner.new_conversation(i, s) for i, s in enumerate(msg[1])]
+            elif msg[0] == "add":
+                convs += [self.inner.new_conversation(len(convs) + i, s) for i, s in enumerate(msg[1])]
             elif msg[0] == "gen":
                 _, live, ids, caps = msg
                 self.chan.verify(generate_capped(self.inner, [convs[i] for i in live], ids, sampling, caps))

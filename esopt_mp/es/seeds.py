@@ -57,8 +57,11 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
     - ``context`` (step, slot): how a context optimiser renders the context of a training episode (EoH: its
       parents); slot = step + pair * episodes + episode, so both members of a mirrored pair get the same
       context, and the same at every TP / DP layout.
+    - ``conversation`` (j,) from an episode's seed: the sampling seed of the j-th conversation (j >= 1) a served
+      member's episode opens on the endpoint (the first samples with the episode seed itself).
     """
-    tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3, "skill": 4, "skill_val": 5, "context": 6}
+    tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3, "skill": 4, "skill_val": 5, "context": 6,
+            "conversation": 7}
     if stream not in tags:
         raise ValueError(f"unknown random stream {stream!r}; known: {sorted(tags)}")
     if stream == "member":

@@ -1,0 +1,274 @@
+"""The endpoint: one member at a time served OpenAI-style on FastAPI + uvicorn (a daemon thread, no signals).
+
+Requests are answered only while their member is being served: :meth:`EndpointServer.member` opens the gate for
+one model id and closing it (its weights are about to be restored) refuses every waiting and later request with
+an OpenAI ``model_not_found`` error; no request is ever answered by other weights. The gate check and the enqueue
+happen under the member's lock, which closing takes too. Generation runs on the thread that calls
+:meth:`Member.serve` (the TP leader's, inside ``TPEngine.lead``).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hmac
+import secrets
+import socket
+import threading
+import time
+
+from esopt_mp.endpoint.batcher import Batcher, Pending, generate
+from esopt_mp.endpoint.config import EndpointConfig, EndpointError
+from esopt_mp.endpoint.protocol import (ENDED, RequestError, completion, models_list, not_served, parse_request,
+                                        reply_message, request_cap, sse_chunks, usage)
+from esopt_mp.endpoint.sessions import Sessions
+from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.tp import replicated
+
+_MISSING = "the endpoint needs FastAPI and uvicorn: pip install 'esopt_mp[endpoint]'"
+
+
+class Route:
+    """Episode ``index``'s own base URL and what was asked of it."""
+
+    def __init__(self, index: int, token: str, base_url: str, seed: int):
+        self.index, self.token, self.base_url = index, token, base_url
+        self.sessions = Sessions(seed)
+        self.records: list[dict] = []  # every chat request and its reply (or error), in order
+        self.calls = 0  # chat requests answered
+
+
+class Member:
+    """One member's gate, routes and waiting requests (made by :meth:`EndpointServer.member`)."""
+
+    def __init__(self, server: "EndpointServer", model_id: str, seeds: list[int], sampling: SamplingParams):
+        self.server, self.model_id, self.sampling = server, model_id, sampling
+        base = server.url
+        self.routes = [Route(k, secrets.token_urlsafe(12), f"{base}/e/{{}}/v1", s) for k, s in enumerate(seeds)]
+        for r in self.routes:
+            r.base_url = r.base_url.format(r.token)
+        shared_seed = seeds[0] if seeds else 0  # the plain /v1 routes: conversations of their own stream
+        self.shared = Route(len(seeds), "", f"{base}/v1", shared_seed ^ 0x5EED)
+        self.cond = threading.Condition()
+        self.batcher = Batcher(self.cond, server.cfg.batch_window_s, len(seeds))
+        self.closed = False
+        self._cid = 0
+
+    def submit(self, route: Route, req: dict, session: str | None, deliver) -> None:
+        """Enqueue a chat request (or refuse it: the gate is closed)."""
+        tools = req.get("tools") or None
+        with self.cond:
+            if self.closed:
+                raise not_served(req["model"], ENDED)
+            thread, new, fresh = route.sessions.assign(session, req["messages"], tools)
+            parse = bool(tools) and req.get("tool_choice") != "none"
+
+            def done(result):  # under the lock, on the serving thread: the route's record, then the reply
+                rec = {"session": session, "conversation": thread.ordinal, "continued": not fresh,
+                       "messages": req["messages"], "tools": tools, "seconds": time.perf_counter() - p.arrived}
+                if isinstance(result, RequestError):
+                    thread.busy, thread.dead = False, True
+                    rec["error"] = str(result)
+                else:
+                    Sessions.record(thread, req["messages"], reply_message(result), result.ended_clean)
+                    rec.update(reply=reply_message(result), finish=result.finish_reason, usage=usage(result))
+                    route.calls += 1
+                route.records.append(rec)
+                deliver(result)
+
+            p = Pending(route.index, thread, req["messages"], new, fresh, tools, parse, request_cap(req),
+                        time.perf_counter(), done)
+            self.batcher.put(p)
+
+    def _next_cid(self) -> int:
+        self._cid += 1
+        return self._cid
+
+    def serve(self, engine, live=None, until=None, poll_s: float = 0.05) -> None:
+        """Generate this member's requests on the calling thread until ``until()`` is true.
+
+        ``live()``: how many episodes are running (a batch waits, at most ``batch_window_s``, for a request of
+        each); ``engine``: the member's (a :class:`~esopt_mp.engine.tp.TPEngine` at tp > 1: call this inside its
+        ``lead``). A generation that raises answers its batch with a server error and raises here."""
+        if until is None:
+            raise TypeError("Member.serve needs until=: a callable saying when the member's episodes are done")
+        engine = replicated(engine)
+        while True:
+            done, n = until(), (live() if live is not None else 0)
+            with self.cond:
+                if done or self.closed:
+                    return
+                batch = self.batcher.take(n, time.perf_counter())
+                if batch is None:
+                    self.cond.wait(self.batcher.wait_s(time.perf_counter(), poll_s))
+                    continue
+            try:
+                turns = generate(engine, batch, self.sampling, self.server.cfg.tool_parser, self._next_cid)
+            except BaseException as e:
+                err = RequestError(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
+                with self.cond:
+                    for p in batch:
+                        p.deliver(err)
+                raise
+            with self.cond:
+                for p, t in zip(batch, turns):
+                    p.deliver(t)
+
+    def _close(self) -> None:
+        with self.cond:
+            self.closed = True
+            for p in self.batcher.drain():
+                p.deliver(not_served(self.model_id, ENDED))
+            self.cond.notify_all()
+
+
+class EndpointServer:
+    """The OpenAI-compatible endpoint of one TP leader (``dp_rank``: its port is ``endpoint.port + dp_rank``)."""
+
+    def __init__(self, cfg: EndpointConfig, tokenizer=None, dp_rank: int = 0):
+        cfg.validate()
+        self.cfg, self.tokenizer, self.dp_rank = cfg, tokenizer, dp_rank
+        self.api_key = cfg.api_key()
+        self.port = cfg.port + dp_rank if cfg.port else 0
+        if self.port > 65535:
+            raise EndpointError(f"endpoint.port={cfg.port}: port + dp rank {dp_rank} exceeds 65535")
+        self.url = ""
+        self._lock = threading.Lock()
+        self._member: Member | None = None
+        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()  # token or id -> model id
+        self._uv = self._thread = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "EndpointServer":
+        try:
+            import uvicorn
+
+            from esopt_mp.endpoint.app import build_app
+        except ImportError:
+            raise EndpointError(_MISSING) from None
+        host = self.cfg.host
+        family = socket.getaddrinfo(host, self.port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, self.port))
+        except OSError as e:
+            sock.close()
+            what = "is in use" if e.errno in (98, 48) else f"cannot be bound ({e.strerror})"
+            raise EndpointError(f"endpoint.port={self.port}: {host}:{self.port} {what} (dp rank {self.dp_rank}); "
+                                "choose another port or 0 for a free one") from None
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=2)
+        self._uv = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._uv.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name=f"endpoint-{port}")
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._uv.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise EndpointError(f"endpoint: the server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def close(self) -> None:
+        m = self._member
+        if m is not None:
+            self._end(m)
+        if self._uv is not None:
+            self._uv.should_exit = True
+            self._thread.join(10)
+            self._uv = None
+
+    def __enter__(self):
+        return self.start() if self._uv is None else self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ members
+    @contextlib.contextmanager
+    def member(self, model_id: str, seeds: list[int], sampling: SamplingParams):
+        """Serve ``model_id`` (episode k samples its first conversation with ``seeds[k]``) until the block ends."""
+        if not self.url:
+            raise RuntimeError("EndpointServer.member before start()")
+        m = Member(self, model_id, list(seeds), sampling)
+        with self._lock:
+            if self._member is not None:
+                raise RuntimeError(f"member {model_id!r} opened while {self._member.model_id!r} is being served")
+            self._member = m
+            self._ended.pop(model_id, None)
+        try:
+            yield m
+        finally:
+            self._end(m)
+
+    def _end(self, m: Member) -> None:
+        with self._lock:
+            if self._member is m:
+                self._member = None
+            for key in [m.model_id] + [r.token for r in m.routes]:
+                self._ended[key] = m.model_id
+            while len(self._ended) > 4096:
+                self._ended.popitem(last=False)
+        m._close()
+
+    def resolve(self, token: str | None, model: str | None) -> tuple[Member, Route]:
+        """The member and route a request reaches, or :class:`RequestError` (404 model_not_found)."""
+        with self._lock:
+            m = self._member
+            if token is not None:
+                route = next((r for r in m.routes if r.token == token), None) if m is not None else None
+                if route is None:
+                    raise not_served(model or self._ended.get(token, "?"), ENDED if token in self._ended else
+                                     "this route is not an episode of the member being served")
+            else:
+                route = m.shared if m is not None else None
+            if m is None:
+                raise not_served(model or "?", ENDED if model in self._ended else "no member is being served")
+            if model is not None and model != m.model_id:
+                raise not_served(model, ENDED if model in self._ended else f"this endpoint serves {m.model_id!r}")
+            return m, route
+
+    def check_key(self, header: str | None) -> None:
+        if not self.api_key:
+            return
+        got = (header or "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(got.encode(), self.api_key.encode()):
+            raise RequestError(401, "incorrect API key: send 'Authorization: Bearer <key>' with the endpoint's key",
+                               code="invalid_api_key")
+
+    async def chat(self, token: str | None, body: bytes, headers) -> tuple[int, object, bool]:
+        """(status, body or SSE events, streamed) of one chat request (the app's handler calls this)."""
+        self.check_key(headers.get("authorization"))
+        req = parse_request(body)
+        m, route = self.resolve(token, req["model"])
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def deliver(result):
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+
+        m.submit(route, req, headers.get("x-session-id"), deliver)
+        result = await fut
+        if isinstance(result, RequestError):
+            raise result
+        if req.get("stream"):
+            include = bool((req.get("stream_options") or {}).get("include_usage"))
+            return 200, sse_chunks(m.model_id, result, include), True
+        return 200, completion(m.model_id, result), False
+
+    def models(self, token: str | None, headers, model: str | None = None) -> dict:
+        """``GET .../models`` (the member being served, if any), or ``.../models/{model}``."""
+        self.check_key(headers.get("authorization"))
+        if model is not None:
+            m, _ = self.resolve(token, model)
+            return models_list([m.model_id])["data"][0]
+        if token is None:
+            with self._lock:
+                return models_list([self._member.model_id] if self._member is not None else [])
+        m, _ = self.resolve(token, None)
+        return models_list([m.model_id])
+

@@ -58,6 +58,14 @@ class ScriptedToolEnv:
 def play_client(base_url: str, model: str, task: dict, turns: int = 3, client=None) -> tuple[list[dict], int]:
     """A scripted agent program: the whole history each turn, a tool result after each reply but the last.
     (messages, completion tokens); ``client``: an ``openai.OpenAI`` to use instead of httpx."""
+    steps = session_steps(base_url, model, task, turns, client)
+    for out in steps:
+        pass
+    return out
+
+
+def session_steps(base_url: str, model: str, task: dict, turns: int = 3, client=None):
+    """:func:`play_client` one request at a time: yields (messages so far, completion tokens so far) after each."""
     import httpx
 
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}]
@@ -77,7 +85,7 @@ def play_client(base_url: str, model: str, task: dict, turns: int = 3, client=No
         if t < turns:
             calls = msg.get("tool_calls") or [{"id": f"call_{t}"}]
             msgs.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": tool_result(t)})
-    return msgs, tokens
+        yield msgs, tokens
 
 
 def through_endpoint(server, engine, tasks, seeds, sampling, turns, model="member-0-0"):

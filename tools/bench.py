@@ -13,7 +13,9 @@ Sections (each in its own try/except: a failure is reported in its entry and the
   gradient step), counted at the collectives and read from the loopback counters (tools/bench_comm.py);
 - ``memory``: the memory profiler's ratios and peaks (tools/memprof.py, run as a subprocess);
 - ``rollout``: the engine's generated tokens/s vs a plain ``model.generate`` loop and a batched
-  ``model.generate`` on the same games (tools/bench_rollout.py).
+  ``model.generate`` on the same games (tools/bench_rollout.py);
+- ``endpoint``: generated tokens/s through the OpenAI-compatible endpoint with N concurrent scripted sessions
+  (HTTP clients) vs the in-process agent loop on the same conversations (tools/bench_endpoint.py).
 
 Prints one JSON object on stdout (``--markdown``: a markdown table of the headline ratios instead) and
 writes it to ``--out FILE``. Progress goes to stderr. ``--from-json FILE --markdown`` renders a saved report.
@@ -40,7 +42,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-SECTIONS = ("noise", "es_overhead", "comm", "memory", "rollout")
+SECTIONS = ("noise", "es_overhead", "comm", "memory", "rollout", "endpoint")
 # headline ratio -> what it compares (the markdown table's rows, in this order)
 HEADLINES = {
     "noise.compiled_over_randn": "counter-based noise (torch.compile) elements/s / torch.randn elements/s",
@@ -57,6 +59,7 @@ HEADLINES = {
     "memory.ppo_over_es": "agentic PPO step device peak / ES step device peak",
     "rollout.engine_over_generate_loop": "engine tokens/s / per-episode model.generate loop tokens/s",
     "rollout.engine_over_batched_generate": "engine tokens/s / batched model.generate tokens/s",
+    "endpoint.endpoint_over_in_process": "tokens/s through the endpoint (N scripted HTTP sessions) / in-process loop",
 }
 
 
@@ -187,6 +190,17 @@ def section_rollout(a) -> dict:
                        "engine_over_batched_generate": res["speedup_engine_over_batched_generate"]}
     if not all(res["same_games"].values()):
         res["warning"] = "the variants did not play the same games; their tokens/s are not comparable"
+    return res
+
+
+def section_endpoint(a) -> dict:
+    from tools import bench_endpoint
+
+    sessions, repeats = (4, 1) if a.quick else (8, 2)
+    res = bench_endpoint.run(sessions, 3, 16, repeats)
+    res["headline"] = {"endpoint_over_in_process": res["endpoint_over_in_process"]}
+    if not res["same_conversations"]:
+        res["warning"] = "the endpoint and the loop did not play the same conversations; their tokens/s differ in work"
     return res
 
 

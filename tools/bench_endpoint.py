@@ -55,16 +55,18 @@ class ScriptedToolEnv:
         return [{"role": "tool", "content": tool_result(self.t)}], 0.0, False, False, {}
 
 
-def play_client(base_url: str, model: str, task: dict, turns: int = 3, client=None) -> tuple[list[dict], int]:
+def play_client(base_url: str, model: str, task: dict, turns: int = 3, client=None,
+                http=None) -> tuple[list[dict], int]:
     """A scripted agent program: the whole history each turn, a tool result after each reply but the last.
-    (messages, completion tokens); ``client``: an ``openai.OpenAI`` to use instead of httpx."""
-    steps = session_steps(base_url, model, task, turns, client)
+    (messages, completion tokens); ``client``: an ``openai.OpenAI`` to use instead of httpx; ``http``: the
+    ``httpx.Client`` to send with (one kept open, as an agent program's; default: one per request)."""
+    steps = session_steps(base_url, model, task, turns, client, http)
     for out in steps:
         pass
     return out
 
 
-def session_steps(base_url: str, model: str, task: dict, turns: int = 3, client=None):
+def session_steps(base_url: str, model: str, task: dict, turns: int = 3, client=None, http=None):
     """:func:`play_client` one request at a time: yields (messages so far, completion tokens so far) after each."""
     import httpx
 
@@ -75,8 +77,8 @@ def session_steps(base_url: str, model: str, task: dict, turns: int = 3, client=
             r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS)
             msg, used = r.choices[0].message.model_dump(exclude_none=True), r.usage.completion_tokens
         else:
-            r = httpx.post(f"{base_url}/chat/completions", json={"model": model, "messages": msgs, "tools": TOOLS},
-                           timeout=300)
+            r = (http or httpx).post(f"{base_url}/chat/completions", timeout=300,
+                                     json={"model": model, "messages": msgs, "tools": TOOLS})
             r.raise_for_status()
             body = r.json()
             msg, used = body["choices"][0]["message"], body["usage"]["completion_tokens"]
@@ -90,14 +92,17 @@ def session_steps(base_url: str, model: str, task: dict, turns: int = 3, client=
 
 def through_endpoint(server, engine, tasks, seeds, sampling, turns, model="member-0-0"):
     """(conversation ids per session, generated tokens, seconds) of N client threads against ``server``."""
+    import httpx
+
     running = [len(tasks)]
+    https = [httpx.Client() for _ in tasks]  # each session's connection, made before the clock starts
     lock = threading.Lock()
     tokens, errors = [0] * len(tasks), []
 
     with server.member(model, seeds, sampling) as m:
         def session(k):
             try:
-                tokens[k] = play_client(m.routes[k].base_url, model, tasks[k], turns)[1]
+                tokens[k] = play_client(m.routes[k].base_url, model, tasks[k], turns, http=https[k])[1]
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(f"session {k}: {type(e).__name__}: {e}")
             finally:
@@ -112,6 +117,8 @@ def through_endpoint(server, engine, tasks, seeds, sampling, turns, model="membe
         seconds = time.perf_counter() - t0
         for th in threads:
             th.join(60)
+        for h in https:
+            h.close()
         if errors:
             raise RuntimeError("; ".join(errors))
         ids = [list(r.sessions.threads[0].conv.ids) for r in m.routes]

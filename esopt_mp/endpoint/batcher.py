@@ -78,9 +78,10 @@ class Batcher:
         return out
 
 
-def generate(engine, batch: list[Pending], sampling: SamplingParams, parser: str, next_cid) -> list[Turn]:
+def generate(engine, batch: list[Pending], sampling: SamplingParams, parser: str, next_cid,
+             tokenizer=None) -> list[Turn]:
     """One engine batch for ``batch`` (a new conversation opens here, on the serving thread)."""
-    tok = engine.tokenizer
+    tok = tokenizer if tokenizer is not None else engine.tokenizer
     im_end = tok.convert_tokens_to_ids(IM_END)
     convs, new_ids, before = [], [], []
     for p in batch:

@@ -103,7 +103,8 @@ class Member:
                     self.cond.wait(self.batcher.wait_s(time.perf_counter(), poll_s))
                     continue
             try:
-                turns = generate(engine, batch, self.sampling, self.server.cfg.tool_parser, self._next_cid)
+                turns = generate(engine, batch, self.sampling, self.server.cfg.tool_parser, self._next_cid,
+                                 self.server.tokenizer)
             except BaseException as e:
                 err = RequestError(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
                 with self.cond:
@@ -115,10 +116,14 @@ class Member:
                     p.deliver(t)
 
     def _close(self) -> None:
+        """Refuse what waits; the conversations keep their token ids and let the engine's state (KV) go."""
         with self.cond:
             self.closed = True
             for p in self.batcher.drain():
                 p.deliver(not_served(self.model_id, ENDED))
+            for r in self.routes + [self.shared]:
+                for t in r.sessions.threads:
+                    t.ids, t.conv = (list(t.conv.ids) if t.conv is not None else []), None
             self.cond.notify_all()
 
 

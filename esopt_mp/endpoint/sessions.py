@@ -47,7 +47,8 @@ class Thread:
     session: str | None  # the X-Session-ID it was opened under
     tools: str  # the tools it was rendered with (a continuation must offer the same)
     messages: list = dataclasses.field(default_factory=list)  # normalised, replies included
-    conv: Any = None  # the engine's conversation (made on the serving thread)
+    conv: Any = None  # the engine's conversation (made on the serving thread; None once the member ended)
+    ids: list = dataclasses.field(default_factory=list)  # its token ids, kept when the member ends
     ended_clean: bool = True  # the last reply ended with <|im_end|>
     busy: bool = True  # a request of it is waiting or generating
     turns: int = 0

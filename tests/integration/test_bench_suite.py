@@ -15,7 +15,7 @@ sys.path.insert(0, ROOT)
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    proc = subprocess.run([sys.executable, "tools/bench.py", "--quick", "--skip", "comm,memory,rollout",
+    proc = subprocess.run([sys.executable, "tools/bench.py", "--quick", "--skip", "comm,memory,rollout,endpoint",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, BENCH_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -31,6 +31,7 @@ def test_report_schema_and_ratios(quick):
     assert {"cpu_count", "torch", "transformers", "device", "torch_threads"} <= set(r["machine"])
     assert r["quick"] is True and r["errors"] == {}
     assert r["sections"]["comm"] == r["sections"]["memory"] == r["sections"]["rollout"] == {"skipped": True}
+    assert r["sections"]["endpoint"] == {"skipped": True}
     for name in ("noise", "es_overhead"):
         assert r["sections"][name]["seconds"] > 0
     expected = {"noise.compiled_over_randn", "noise.compiled_over_copy", "noise.update_G8_over_randn",
@@ -66,8 +67,8 @@ def test_a_failing_section_is_reported_and_the_others_run(monkeypatch, tmp_path)
     monkeypatch.setattr(bench, "section_noise", broken)
     monkeypatch.setattr(bench, "ROOT", str(tmp_path))  # no tools/memprof.py here
     monkeypatch.setattr(bench, "section_es_overhead", lambda a: {"headline": {"overhead_over_rollout": 0.5}})
-    monkeypatch.setattr(sys, "argv", ["tools/bench.py", "--skip", "comm,rollout"])
-    a = type("A", (), {"skip": "comm,rollout", "quick": True})()
+    monkeypatch.setattr(sys, "argv", ["tools/bench.py", "--skip", "comm,rollout,endpoint"])
+    a = type("A", (), {"skip": "comm,rollout,endpoint", "quick": True})()
     r = bench.run(a)
     assert r["errors"]["noise"] == "ValueError: broken on purpose" and "traceback" in r["sections"]["noise"]
     assert r["errors"]["memory"] == "tools/memprof.py not found"
@@ -86,3 +87,13 @@ def test_memprof_report_is_read_from_stdout_or_its_out_dir(tmp_path):
     empty.mkdir()
     with pytest.raises(RuntimeError, match="no JSON report"):
         _memprof_report("", str(empty))
+
+
+def test_the_endpoint_section_measures_both_on_the_same_conversations():
+    from tools import bench
+
+    r = bench.section_endpoint(type("A", (), {"quick": True})())
+    assert r["same_conversations"] is True and r["sessions"] == 4
+    assert r["endpoint"]["tokens"] == r["in_process"]["tokens"] > 0  # the same replies, counted on both sides
+    ratio = r["headline"]["endpoint_over_in_process"]
+    assert math.isfinite(ratio) and ratio > 0

@@ -47,7 +47,8 @@ def through_endpoint(server, engine, task, seed, sampling):
 def test_a_conversation_through_the_endpoint_is_the_agent_loops_token_for_token(which, tok, server):
     if which == "tiny_agent":
         engine = HFEngine(AutoModelForCausalLM.from_pretrained(AGENT).eval(), tok)
-        sampling, task = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=12), {"question": question(1)}
+        sampling = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=12)
+        task = {"question": question(1)}
     else:
         engine = FakeEngine(tok)
         sampling, task = SamplingParams(temperature=0, max_new_tokens=64), {"question": question(1) + " CALL"}

@@ -301,3 +301,21 @@ def test_the_tiny_agent_through_the_endpoint_plain_and_streamed(server, tok):
     assert r["choices"][0]["message"]["content"] == want.text
     assert r["usage"]["completion_tokens"] == len(want.token_ids)
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == want.text  # greedy: same text
+
+
+def test_without_fastapi_a_server_fails_in_one_line_when_started(tok, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn raises ImportError
+    server = EndpointServer(EndpointConfig(), tok)  # building the config and the object needs neither
+    with pytest.raises(EndpointError) as e:
+        server.start()
+    assert str(e.value) == "the endpoint needs FastAPI and uvicorn: pip install 'esopt_mp[endpoint]'"
+
+
+def test_an_ended_member_keeps_its_token_ids_and_lets_the_engine_state_go(server, tok):
+    with serving(server, FakeEngine(tok)) as m:
+        chat(m.routes[0].base_url, "member-0-0", [{"role": "user", "content": "x"}])
+        held = list(m.routes[0].sessions.threads[0].conv.ids)
+    t = m.routes[0].sessions.threads[0]
+    assert t.conv is None and t.ids == held and len(held) > 0

@@ -59,4 +59,8 @@ def build_app(server):
     async def http_error(request: Request, exc: HTTPException):  # unknown path, wrong method: OpenAI-shaped
         return error(RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # a fault of the endpoint's own: still OpenAI-shaped
+        return error(RequestError(500, f"{type(exc).__name__}: {exc}", kind="server_error"))
+
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import hmac
 import secrets
 import socket
@@ -159,8 +160,9 @@ class EndpointServer:
             sock.bind((host, self.port))
         except OSError as e:
             sock.close()
-            what = "is in use" if e.errno in (98, 48) else f"cannot be bound ({e.strerror})"
-            raise EndpointError(f"endpoint.port={self.port}: {host}:{self.port} {what} (dp rank {self.dp_rank}); "
+            what = "is in use" if e.errno in (errno.EADDRINUSE,) else f"cannot be bound ({e.strerror})"
+            rank = f" (dp rank {self.dp_rank}: endpoint.port + {self.dp_rank})" if self.dp_rank else ""
+            raise EndpointError(f"endpoint.port={self.cfg.port}: {host}:{self.port} {what}{rank}; "
                                 "choose another port or 0 for a free one") from None
         sock.listen(128)
         port = sock.getsockname()[1]
@@ -254,7 +256,10 @@ class EndpointServer:
         fut = loop.create_future()
 
         def deliver(result):
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+            try:
+                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+            except RuntimeError:  # the server's loop is gone (closed): nobody waits for this reply
+                pass
 
         m.submit(route, req, headers.get("x-session-id"), deliver)
         result = await fut

@@ -129,16 +129,18 @@ class HarnessPlayer:
         for k, (task, out) in enumerate(zip(tasks, pool.outcomes)):
             if not calls[k] and out.failure != "wall_clock":  # the model had no part in it
                 what = out.error or f"returned {out.ret!r}"
-                out.ret, out.failure, out.error = math.nan, "infra", f"{what}; it never called the endpoint {urls[k]}"
+                out.ret, out.failure, out.error = math.nan, "infra", f"{what}; {_unanswered(records[k], urls[k])}"
             ep = Episode(str(task.get("id", slots[k])), ret=out.ret, ended=out.ended, error=out.error,
                          failure=out.failure, floor=o.failure_return, seconds=out.seconds)
             eps.append(ep)
             if out.failure:
                 log.warning("episode %s of %s failed (%s): %s", ep.id, model, out.failure, out.error)
         self.never_called = None if any(calls) or not tasks else (
-            f"{self.form}: none of the {len(tasks)} episodes of {model} called the endpoint it was given (e.g. "
-            f"{urls[0]}); send the harness's chat requests to that base URL (a command: $OPENAI_BASE_URL)"
-            + (f"; the first episode: {eps[0].error}" if eps[0].error else ""))
+            f"{self.form}: none of the {len(tasks)} episodes of {model} got a reply from the endpoint it was given "
+            f"(e.g. {urls[0]}): " + (f"the first episode: {eps[0].error}" if any(records) else
+                                     "no request reached it; send the harness's chat requests to that base URL "
+                                     "(a command: $OPENAI_BASE_URL)" + (f"; the first episode: {eps[0].error}"
+                                                                         if eps[0].error else "")))
         if self.traj_path:
             write_requests(self.traj_path, eps, records, **tags)
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
@@ -149,6 +151,13 @@ class HarnessPlayer:
     def take_failures(self) -> list[int]:
         counts, self.failures = self.failures, Counter()
         return [counts[k] for k in FAILURE_KINDS]
+
+
+def _unanswered(records: list, url: str) -> str:
+    """Why an episode got no reply: it never asked ``url``, or each of its requests was refused (the first's error)."""
+    if not records:
+        return f"it never called the endpoint {url}"
+    return f"none of its {len(records)} requests to {url} was answered (the first: {records[0].get('error')})"
 
 
 def _count(calls) -> int:
@@ -165,7 +174,7 @@ def write_requests(path: str, eps: list[Episode], records: list[list], **tags) -
 
 
 class HarnessObjective:
-    """The ES trainer's objective for ``objective.name=harness`` (the calls of :class:`esopt_mp.objectives.Objective`)."""
+    """The ES trainer's objective of ``objective.name=harness`` (what :class:`esopt_mp.objectives.Objective` asks)."""
 
     def __init__(self, player: HarnessPlayer):
         self.player = player

@@ -1,0 +1,142 @@
+"""Whole ES runs of the tiny agent driven by a harness against the member's endpoint (launch/train.py, as a user
+runs it): the scripted 3-turn harness with a tool call at dp=1 and dp=2 (torchrun) and as a command, the harnesses
+that cannot run (one line each), and those that fail (each episode its kind and error)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tools.local_world import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHORT = ["objective=harness", "es.population=4", "es.steps=2", "es.sigma.kind=constant", "env.episodes_per_step=2",
+         "env.n_eval=2", "engine.max_new_tokens=8", "run.eval_every=0"]
+SCRIPTED = "objective.callable=scripted_harness:play"
+
+
+def _run(args, run_dir, nproc=1, timeout=600):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "examples"), ROOT]))
+    head = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+             str(free_port())] if nproc > 1 else [sys.executable])
+    return subprocess.run(head + ["launch/train.py", *args, f"run.dir={run_dir}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def _ok(proc):
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def _ledger(run_dir):
+    """The ledger without its wall-clock times (and the line checksums covering them): what two runs of one config
+    must agree on."""
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("wall_time", "sha256")} for r in rows]
+
+
+def _rows(run_dir, kind=None):
+    rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    """The scripted harness as a callable at dp=1: (run dir, summary)."""
+    d = tmp_path_factory.mktemp("scripted") / "run"
+    return d, _ok(_run([*SHORT, SCRIPTED], d))
+
+
+def test_a_scripted_harness_trains_and_its_ledger_at_dp2_equals_dp1(scripted, tmp_path):
+    """2 ES steps of 4 members, each playing 2 episodes of 3 chat turns (a worked tool call in the opening) through
+    the endpoint; under torchrun at dp=2 every group serves its own members on its own port: the same ledger."""
+    d1, s1 = scripted
+    ledger = _ledger(d1)
+    assert s1["steps"] == 2 and len(ledger) == 2
+    returns = [r for row in ledger for r in row["returns"]]
+    assert all(r is not None and 0.0 <= r <= 1.0 for r in returns)
+    assert len(set(returns)) > 1  # the return is the replies' match: it moves with what the members write
+    assert all(row["failures"] == {"model": 0, "wall_clock": 0, "infra": 0} for row in ledger)
+    train = _rows(d1, "train")
+    assert sorted((r["step"], r["member"]) for r in train) == sorted([(t, m) for t in (0, 1) for m in range(4)] * 2)
+    for r in train:  # from the endpoint's side: 3 requests, the worked tool call, the member's replies
+        assert r["ended"] == "returned" and r["failure"] is None and len(r["requests"]) == 3
+        first = r["requests"][0]
+        assert first["tools"][0]["function"]["name"] == "calculator"
+        assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant", "tool"]
+        assert first["messages"][2]["tool_calls"][0]["function"]["name"] == "calculator"
+        assert all(q["reply"]["role"] == "assistant" and q["usage"]["completion_tokens"] >= 1 for q in r["requests"])
+        assert len(r["requests"][2]["messages"]) > len(r["requests"][1]["messages"]) > len(first["messages"])
+    d2 = tmp_path / "dp2"
+    s2 = _ok(_run([*SHORT, SCRIPTED, "parallel.dp=2"], d2, nproc=2))
+    assert s2["steps"] == 2 and _ledger(d2) == ledger
+    assert {r["member"] for r in _rows(d2, "train")} == {0, 2}  # rank 0 writes its own group's episodes
+
+    def replies(rows):
+        return sorted((r["step"], r["member"], r["id"], [q["reply"]["content"] for q in r["requests"]]) for r in rows)
+    assert replies(_rows(d2, "train")) == replies(r for r in train if r["member"] in (0, 2))  # word for word
+
+
+def test_the_command_form_plays_the_same_episodes(scripted, tmp_path):
+    """The same harness as a command (the task on stdin, OPENAI_* in its environment), one step of the first two
+    members (a process per episode is slower; sigma constant: the same at step 0 of a 1-step run): the same returns
+    and replies as the callable's."""
+    d = tmp_path / "run"
+    s = _ok(_run([*SHORT, f"objective.command={sys.executable} examples/scripted_harness.py", "es.population=2",
+                  "es.steps=1"], d))
+    (row,) = _ledger(d)
+    assert row["seeds"] == _ledger(scripted[0])[0]["seeds"][:2]
+    assert row["returns"] == _ledger(scripted[0])[0]["returns"][:2] and s["eval_before"] == scripted[1]["eval_before"]
+
+    def replies(rows):
+        return sorted((r["member"], r["id"], [q["reply"]["content"] for q in r["requests"]]) for r in rows
+                      if r["step"] == 0 and r["member"] < 2)
+    assert replies(_rows(d, "train")) == replies(_rows(scripted[0], "train"))
+
+
+@pytest.mark.parametrize("args,line", [
+    (["objective.callable=no_such_harness:play"], "error: objective.callable=no_such_harness:play: cannot import "
+     "no_such_harness: ModuleNotFoundError: No module named 'no_such_harness'"),
+    (["objective.command=no-such-harness-program --fast"], "error: objective.command=no-such-harness-program --fast: "
+     "program 'no-such-harness-program' is not found on PATH"),
+    (["objective.callable=tests.fixtures.harnesses:silent"], "error: objective.callable=tests.fixtures.harnesses:"
+     "silent: none of the 2 episodes of eval-0 got a reply from the endpoint it was given (e.g. http://127.0.0.1:"),
+], ids=["not_importable", "program_not_found", "never_calls"])
+def test_a_harness_that_cannot_run_is_one_line(tmp_path, args, line):
+    proc = _run([*SHORT, *args], tmp_path / "run")
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(line), proc.stderr[-3000:]
+    assert not (tmp_path / "run" / "history.jsonl").exists() or not (tmp_path / "run" / "history.jsonl").read_text()
+
+
+@pytest.mark.parametrize("form,dos", [
+    ("objective.callable=tests.fixtures.harnesses:play", ["win", "raise", "sleep"]),
+    (f"objective.command={sys.executable} tests/fixtures/harnesses.py", ["win", "exit", "nonumber", "sleep"]),
+], ids=["callable", "command"])
+def test_each_failing_harness_is_its_kind_with_its_error(tmp_path, form, dos):
+    """Tasks from a JSONL file, one per way to fail: each training episode's kind and error in trajectories.jsonl,
+    the ledger's counts, and the member's return the mean with the failures scoring objective.failure_return."""
+    tasks, held = tmp_path / "tasks.jsonl", tmp_path / "eval.jsonl"
+    tasks.write_text("".join(json.dumps({"id": d, "do": d}) + "\n" for d in dos))
+    held.write_text(json.dumps({"id": "q", "do": "win"}) + "\n")
+    d = tmp_path / "run"
+    _ok(_run([*SHORT, form, f"objective.tasks={tasks}", f"objective.eval_tasks={held}", "objective.timeout_s=10",
+              "objective.failure_return=-1", "es.population=2", "es.steps=1", f"env.episodes_per_step={len(dos)}"],
+             d))
+    rows = {(r["member"], r["id"]): r for r in _rows(d, "train")}
+    assert sorted(rows) == sorted((m, x) for m in (0, 1) for x in dos)
+    expect = {"win": (None, None), "raise": ("model", "raised ValueError: the harness's own bug"),
+              "sleep": ("wall_clock", "wall clock 10 s exceeded"), "exit": ("model", "exited 3; stderr: giving up"),
+              "nonumber": ("model", "its last stdout line 'the answer is unclear' is not a number")}
+    for (m, x), r in rows.items():
+        assert (r["failure"], r["error"]) == expect[x], r
+        assert len(r["requests"]) == 1 and "reply" in r["requests"][0]  # each asked the member once
+        assert (r["return"] == -1.0) == (x != "win")
+    (row,) = _ledger(d)
+    fails = len(dos) - 1
+    assert row["failures"] == {"model": 2 * (fails - 1), "wall_clock": 2, "infra": 0}
+    for m, ret in enumerate(row["returns"]):
+        assert ret == pytest.approx((rows[(m, "win")]["return"] - fails) / len(dos))

@@ -196,7 +196,7 @@ def section_rollout(a) -> dict:
 def section_endpoint(a) -> dict:
     from tools import bench_endpoint
 
-    sessions, repeats = (4, 1) if a.quick else (8, 2)
+    sessions, repeats = (4, 1) if a.quick else (8, 3)
     res = bench_endpoint.run(sessions, 3, 16, repeats)
     res["headline"] = {"endpoint_over_in_process": res["endpoint_over_in_process"]}
     if not res["same_conversations"]:

@@ -5,6 +5,15 @@ import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under `-n N` each test process shares the cores with N - 1 others, and so does every run it launches: a trainer
+# taking one thread per core (launch/train.py's default), beside another worker's, oversubscribes them, and
+# OpenMP's spin-waiting makes each small op many times slower (a 2-step tiny run: 2.4 s on one thread, 22.6 s on
+# two, beside a busy worker). The runs and tools a test starts inherit this share; a test may still set its own.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1:
+    _SHARE = str(max(1, (os.cpu_count() or 1) // (2 * _WORKERS)))  # most launched worlds have two ranks
+    os.environ.setdefault("ESOPT_THREADS", _SHARE)
+    os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
 
 
 def pytest_collection_modifyitems(config, items):

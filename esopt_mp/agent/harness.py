@@ -138,7 +138,8 @@ class HarnessPlayer:
         self.never_called = None if any(calls) or not tasks else (
             f"{self.form}: none of the {len(tasks)} episodes of {model} got a reply from the endpoint it was given "
             f"(e.g. {urls[0]}): " + (f"the first episode: {eps[0].error}" if any(records) else
-                                     "no request reached it; send the harness's chat requests to that base URL "
+                                     "no request for this member reached it; send the harness's chat requests to "
+                                     "that base URL, naming the model it was given "
                                      "(a command: $OPENAI_BASE_URL)" + (f"; the first episode: {eps[0].error}"
                                                                          if eps[0].error else "")))
         if self.traj_path:
@@ -156,7 +157,7 @@ class HarnessPlayer:
 def _unanswered(records: list, url: str) -> str:
     """Why an episode got no reply: it never asked ``url``, or each of its requests was refused (the first's error)."""
     if not records:
-        return f"it never called the endpoint {url}"
+        return f"it got no reply from the endpoint {url}"
     return f"none of its {len(records)} requests to {url} was answered (the first: {records[0].get('error')})"
 
 

@@ -1,8 +1,9 @@
 """Whole ES runs of the tiny agent driven by a harness against the member's endpoint (launch/train.py, as a user
-runs it): the scripted 3-turn harness with a tool call at dp=1 and dp=2 (torchrun) and as a command, the harnesses
-that cannot run (one line each), and those that fail (each episode its kind and error)."""
+runs it): the scripted 3-turn harness with a tool call at dp=1, dp=2 and tp=2 (torchrun) and as a command, the
+harnesses that cannot run and a port in use (one line each), and those that fail (each episode its kind and error)."""
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -78,6 +79,28 @@ def test_a_scripted_harness_trains_and_its_ledger_at_dp2_equals_dp1(scripted, tm
     def replies(rows):
         return sorted((r["step"], r["member"], r["id"], [q["reply"]["content"] for q in r["requests"]]) for r in rows)
     assert replies(_rows(d2, "train")) == replies(r for r in train if r["member"] in (0, 2))  # word for word
+
+
+def test_at_tp2_the_peers_follow_the_served_generations_and_the_ledger_equals_tp1(scripted, tmp_path):
+    """tp=2 under torchrun: the TP leader serves, its peer joins every sharded forward (inside the engine's lead)."""
+    d = tmp_path / "tp2"
+    _ok(_run([*SHORT, SCRIPTED, "parallel.tp=2"], d, nproc=2))
+    assert _ledger(d) == _ledger(scripted[0])
+
+    def replies(rows):
+        return sorted((r["step"], r["member"], r["id"], [q["reply"]["content"] for q in r["requests"]]) for r in rows)
+    assert replies(_rows(d, "train")) == replies(_rows(scripted[0], "train"))
+
+
+def test_a_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = _run([*SHORT, SCRIPTED, f"endpoint.port={port}"], tmp_path / "run")
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert proc.returncode == 2 and errors == [f"error: endpoint.port={port}: 127.0.0.1:{port} is in use; choose "
+                                               "another port or 0 for a free one"], proc.stderr[-3000:]
 
 
 def test_the_command_form_plays_the_same_episodes(scripted, tmp_path):

@@ -6,12 +6,15 @@ import math
 import queue
 import threading
 import time
+import types
 
 import pytest
+from openai import OpenAI
 
 from esopt_mp.agent.harness import HarnessObjective, HarnessPlayer, agree
 from esopt_mp.agent.harness_run import HarnessError, HarnessPool, Outcome, command_argv, load_callable
 from esopt_mp.config import ConfigError, build_config
+from esopt_mp.engine.base import EngineStats, Generation
 from esopt_mp.envs import InfraError
 from esopt_mp.identity import config_hash
 from esopt_mp.objectives import Member
@@ -189,7 +192,7 @@ def test_each_way_a_harness_fails_is_its_kind_with_its_error(tmp_path):
     assert errors["text"] == "returned 'abc' is not a number"
     assert errors["nan"] == "returned nan is not a finite number"
     assert errors["sleep"] == "wall clock 0.5 s exceeded"
-    assert errors["silent"].startswith("returned 1.0; it never called the endpoint fake://")
+    assert errors["silent"].startswith("returned 1.0; it got no reply from the endpoint fake://")
     assert p.take_failures() == [3, 1, 2] and p.take_failures() == [0, 0, 0]
     rows = [json.loads(line) for line in traj.read_text().splitlines()]
     assert [r["id"] for r in rows] == do and all(r["kind"] == "train" and r["member"] == 1 for r in rows)
@@ -226,7 +229,7 @@ def test_a_member_return_depends_on_its_replies_and_the_first_silent_evaluation_
     silent.player.eval_tasks = [{"id": "q", "do": "silent"}]
     with pytest.raises(HarnessError, match=r"^objective.callable=tests.unit.test_harness:by_task: none of the 1 "
                                            r"episodes of eval-0 got a reply from the endpoint it was given "
-                                           r"\(e.g. fake://.*\): no request reached it"):
+                                           r"\(e.g. fake://.*\): no request for this member reached it"):
         silent.evaluate_held_out()
     silent.evaluate_held_out()  # checked once: a later evaluation's silent episodes are infrastructure faults
 
@@ -235,3 +238,75 @@ def test_agree_raises_the_first_failing_line():
     agree(DIMS, None)
     with pytest.raises(HarnessError, match="^boom$"):
         agree(DIMS, "boom")
+
+
+# ---------------------------------------------------------------- against the real server (loopback, a thread)
+LATE: list = []  # what the abandoned harness's request after its wall clock got
+
+
+class EchoEngine:
+    """Replies 'seed S turn T' (the conversation's seed, its turn): a text that names whose reply it is."""
+
+    def __init__(self, tok):
+        self.tokenizer, self.pad_id, self.stats = tok, 0, EngineStats()
+        self.im_end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def new_conversation(self, cid, seed):
+        return types.SimpleNamespace(ids=[], seed=seed, turn=0)
+
+    def generate(self, convs, new_ids, params, max_new=None):
+        out = []
+        for c, ids in zip(convs, new_ids):
+            c.turn += 1
+            toks = self.tokenizer.encode(f"seed {c.seed} turn {c.turn}", add_special_tokens=False) + [self.im_end]
+            c.ids += list(ids) + toks
+            out.append(Generation(toks, self.tokenizer.decode(toks[:-1]), "eos", len(ids), 0.0))
+        return out
+
+    def close(self):
+        pass
+
+
+def _ask(base_url, model, text="hi"):
+    client = OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}]).choices[0]
+
+
+def http_harness(base_url, model, task):
+    do = task["do"]
+    if do == "wrong_model":
+        _ask(base_url, "member-9-9")
+    reply = _ask(base_url, model).message.content
+    if do == "late":  # past its wall clock: its next request meets the closed member
+        time.sleep(2.5)
+        try:
+            LATE.append(_ask(base_url, model).message.content)
+        except Exception as e:  # noqa: BLE001
+            LATE.append(e)
+    return float(reply.split()[1]) / 1000
+
+
+def test_episodes_through_the_real_endpoint_and_an_abandoned_harness_meets_the_closed_member(tmp_path):
+    from transformers import AutoTokenizer
+
+    from esopt_mp.endpoint import EndpointConfig, EndpointServer
+    from esopt_mp.models.tiny import TINY_AGENT
+
+    cfg = harness_cfg(tmp_path, fn="http_harness", timeout_s=2.0)
+    tok = AutoTokenizer.from_pretrained(TINY_AGENT)
+    with EndpointServer(EndpointConfig(batch_window_s=0.05), tok) as server:
+        p = HarnessPlayer(cfg.objective, cfg.env, cfg.engine, 0, EchoEngine(tok), DIMS, server, "",
+                          str(tmp_path / "t.jsonl"))
+        eps = p.play([{"id": d, "do": d} for d in ("win", "wrong_model", "late")], [7, 8, 9], p.train_cfg,
+                     kind="train", step=2, member=5)
+        assert eps[0].ret == 0.007 and [e.failure for e in eps] == [None, "infra", "wall_clock"]
+        assert eps[1].error.startswith("raised NotFoundError: Error code: 404 - model 'member-9-9' is not being served")
+        assert "it got no reply from the endpoint http://127.0.0.1:" in eps[1].error
+        deadline = time.time() + 10
+        while not LATE and time.time() < deadline:
+            time.sleep(0.05)
+    assert LATE[0].status_code == 404 and LATE[0].body["code"] == "model_not_found"  # never other weights' answer
+    assert "model 'member-2-5' is not being served (the member's evaluation ended)" in str(LATE[0])
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [len(r["requests"]) for r in rows] == [1, 0, 1]  # a request for another model: no episode's
+    assert rows[0]["requests"][0]["reply"]["content"] == "seed 7 turn 1"

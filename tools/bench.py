@@ -283,7 +283,7 @@ def main() -> None:
     ap.add_argument("--out", help="also write the JSON report to this file")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table of the headline ratios, not JSON")
     ap.add_argument("--from-json", help="render --markdown from a saved report instead of running")
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1)))
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     ap.add_argument("--es-steps", type=int, default=2, help="ES steps measured on the embedded default")
     ap.add_argument("--comm-layouts", default="2x1,2x2", help="DPxTP worlds for the comm section")
     ap.add_argument("--memprof-shape", default="tiny", help="tools/memprof.py --shape (e.g. tiny, 0.4b)")

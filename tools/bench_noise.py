@@ -98,11 +98,11 @@ def _op_figures(rss0: int, before: int, dt: float, shard: int, chunk_bytes: int)
             "retained_bytes": after - rss0, "retained_over_shard": (after - rss0) / shard}
 
 
-def _memory_child(mode: str, params_m: int, chunk: int) -> dict:
+def _memory_child(mode: str, params_m: float, chunk: int, backend: str = "compile") -> dict:
     """One precision mode in a fresh process: Perturber construction, perturb, restore, update."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or 2))
     restore, master = MEMORY_MODES[mode]
-    hidden, vocab = (1024, 32000) if params_m >= 50 else (256, 4000)
+    hidden, vocab = (1024, 32000) if params_m >= 50 else (256, 4000) if params_m >= 1 else (128, 1000)
     ffn = hidden * 11 // 4
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}
     layer = 0
@@ -119,7 +119,7 @@ def _memory_child(mode: str, params_m: int, chunk: int) -> dict:
         shards.append(LocalShard(t, ShardInfo.full(name, shape)))
     # compile the kernel (full and tail blocks of this chunk size) before measuring: compiling allocates
     warm = Perturber([LocalShard(torch.zeros(3 * chunk // 2 + 17), ShardInfo.full("warm", (3 * chunk // 2 + 17,)))],
-                     chunk_elems=chunk, noise_backend="compile")
+                     chunk_elems=chunk, noise_backend=backend)
     warm.perturb(1, 1.0)
     warm.restore()
     warm.update([1, 2], [1, 1], [1.0, 1.0], 1.0)
@@ -138,18 +138,19 @@ def _memory_child(mode: str, params_m: int, chunk: int) -> dict:
         _reset_peak()
         t = time.perf_counter()
         if fn is None:
-            p = Perturber(shards, restore=restore, master=master, chunk_elems=chunk, noise_backend="compile")
+            p = Perturber(shards, restore=restore, master=master, chunk_elems=chunk, noise_backend=backend)
         else:
             fn(p)
         res[op] = _op_figures(rss0, before, time.perf_counter() - t, shard, chunk_bytes)
     return res
 
 
-def bench_memory(params_m: int, chunk: int) -> dict:
-    """Each mode in its own process so one mode's allocations cannot hide in another's peak."""
+def bench_memory(params_m: float, chunk: int, backend: str = "compile") -> dict:
+    """Each mode in its own process so one mode's allocations cannot hide in another's peak (``backend``: the noise
+    kernel there; --quick: eager, as three cold compiles would cost more than the smoke test measures)."""
     res = {}
     for mode in MEMORY_MODES:
-        cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", mode, str(params_m), str(chunk)]
+        cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", mode, str(params_m), str(chunk), backend]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         res[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     first = res["subtract"]
@@ -157,14 +158,14 @@ def bench_memory(params_m: int, chunk: int) -> dict:
     return res
 
 
-def bench_drift(n: int, cycles: int) -> dict:
+def bench_drift(n: int, cycles: int, backend: str = "compile") -> dict:
     torch.manual_seed(0)
     base = (torch.randn(n) * 0.02).bfloat16()
     info = ShardInfo.full("drift.weight", (n,))
     out = {"elements": n, "cycles": cycles, "sigma": 1e-3}
     for mode in ("subtract", "snapshot"):
         w = base.clone()
-        p = Perturber([LocalShard(w, info)], restore=mode, noise_backend="compile")
+        p = Perturber([LocalShard(w, info)], restore=mode, noise_backend=backend)  # the same eps either way
         for i in range(cycles):
             p.perturb(member_seed(9, 0, i), 1e-3)
             p.restore()
@@ -191,11 +192,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--cuda", action="store_true", help="the Triton kernels on CUDA (skips cleanly without)")
     ap.add_argument("--check-only", action="store_true", help="with --cuda: only the equality checks")
-    ap.add_argument("--memory-child", nargs=3, metavar=("MODE", "PARAMS_M", "CHUNK"), help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", nargs=4, metavar=("MODE", "PARAMS_M", "CHUNK", "BACKEND"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        mode, params_m, chunk = args.memory_child
-        print(json.dumps(_memory_child(mode, int(params_m), int(chunk))))
+        mode, params_m, chunk, backend = args.memory_child
+        print(json.dumps(_memory_child(mode, float(params_m), int(chunk), backend)))
         return
     if args.cuda:
         import bench_noise_cuda as bc  # tools/ is on sys.path when this script runs
@@ -210,14 +211,16 @@ def main() -> None:
             result["bench"] = bc.bench(dev, 1 << (22 if args.quick else 27), 3 if args.quick else 5)
         print(json.dumps(result))
         return
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    # BENCH_THREADS, else OMP_NUM_THREADS (a test suite sharing the cores sets it), else two
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or 2))
     quick = args.quick
+    backend = "eager" if quick else "compile"  # the throughput figure always compiles
     result = {
         "threads": torch.get_num_threads(),
         "throughput": bench_throughput(1 << (18 if quick else 24), 2 if quick else 5),
         "update": bench_update(1 << (16 if quick else 22)),
-        "memory": bench_memory(2 if quick else 110, 1 << (16 if quick else 22)),
-        "drift_bf16": bench_drift(1 << (12 if quick else 20), 50 if quick else 1000),
+        "memory": bench_memory(0.25 if quick else 110, 1 << (16 if quick else 22), backend),
+        "drift_bf16": bench_drift(1 << (12 if quick else 20), 50 if quick else 1000, backend),
     }
     print(json.dumps(result))
 

@@ -205,7 +205,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed rounds; each variant's best (least disturbed) wall time is reported")
     args = ap.parse_args()
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or 2))
     print(json.dumps(run(args.episodes, args.turns, args.max_new_tokens, args.repeats)))
 
 

@@ -1,6 +1,7 @@
 """Whole ES runs of the tiny agent driven by a harness against the member's endpoint (launch/train.py, as a user
 runs it): the scripted 3-turn harness with a tool call at dp=1 and dp=2 (torchrun) and as a command (tp=2: the
-endpoint's own test in tests/distributed), the harnesses that cannot run and a port in use (one line each), and those that fail (each episode its kind and error)."""
+endpoint's own test in tests/distributed), the harnesses that cannot run and a port in use (one line each), and
+those that fail (each episode its kind and error)."""
 import json
 import os
 import socket

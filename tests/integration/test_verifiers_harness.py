@@ -130,3 +130,20 @@ def test_two_es_steps_of_the_tiny_agent_through_a_verifiers_environment(tmp_path
         assert r["return"] == expect
         row = ledger[r["step"]]
         assert row["returns"][r["member"]] == expect
+
+
+def test_an_environment_that_cannot_be_loaded_stops_the_run_in_one_line(tmp_path):
+    """Every episode fails before it asks the endpoint: the first evaluation stops the run, naming verifiers' error."""
+    held = tmp_path / "eval.jsonl"
+    held.write_text(json.dumps({"idx": 0}) + "\n")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
+               ESOPT_VERIFIERS_ENV="no_such_taskset")
+    args = ["objective=harness", CALLABLE, f"objective.tasks={held}", f"objective.eval_tasks={held}",
+            "es.population=2", "es.steps=1", "env.episodes_per_step=1", "env.n_eval=1", "engine.max_new_tokens=8",
+            f"run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run([sys.executable, "launch/train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert "none of the 1 episodes of eval-0 got a reply" in errors[0]
+    assert "taskset 'no_such_taskset' not found (tried to import 'no_such_taskset')" in errors[0]

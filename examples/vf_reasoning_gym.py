@@ -3,7 +3,7 @@
 
 Each task is one entry of a reasoning-gym dataset (its question; the library's system prompt asks for the answer in
 ``<answer>...</answer>``); its reward is the dataset's own score of the answer read the library's way (in [0, 1]).
-Trained by ES through the member's endpoint (docs/harness.md, "verifiers")::
+Trained by ES through the member's endpoint (docs/verifiers.md)::
 
     ESOPT_VERIFIERS_ENV='{"taskset": {"id": "vf_reasoning_gym", "dataset": "leg_counting"}}' PYTHONPATH=examples \\
         python launch/train.py objective=harness objective.callable=esopt_mp.agent.harnesses.verifiers_v1:play \\

@@ -97,6 +97,20 @@ def test_a_rollout_through_the_endpoint_scores_as_verifiers_does(monkeypatch):
         play(routes[0].base_url, "member-1-3", {"idx": 99})
 
 
+def test_the_environment_setting_names_a_taskset_or_its_block(tmp_path):
+    from esopt_mp.agent.harnesses.verifiers_v1 import env_block
+
+    block = {"taskset": TASKSET, "agent": {"max_turns": 2}}
+    (tmp_path / "env.json").write_text(json.dumps(block))
+    (tmp_path / "run.toml").write_text('[env.taskset]\nid = "vf_reasoning_gym"\ndataset = "basic_arithmetic"\n'
+                                       'size = 8\n[env.agent]\nmax_turns = 2\n')
+    assert env_block("vf_reasoning_gym") == {"taskset": {"id": "vf_reasoning_gym"}}
+    assert env_block(json.dumps(block)) == env_block(str(tmp_path / "env.json")) == block
+    assert env_block(str(tmp_path / "run.toml")) == block
+    with pytest.raises(ValueError, match="ESOPT_VERIFIERS_ENV is not set"):
+        env_block(" ")
+
+
 def test_two_es_steps_of_the_tiny_agent_through_a_verifiers_environment(tmp_path):
     """launch/train.py with objective.callable at the adapter: 2 steps of 2 members, each episode a verifiers
     rollout played by the served tiny agent; the returns are the rollouts' rewards, recorded in the ledger."""

@@ -25,7 +25,26 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
     return cfg.spec.splits(cfg, cfg.section)
 
 
-class EpisodePlayer:
+class EpisodeTally:
+    """What a player keeps of the episodes it played: a few recent errors (health warnings) and the failed training
+    episodes by kind since the last :meth:`take_failures` (both players: the environment's and the harness's)."""
+
+    def __init__(self):
+        self.recent_errors: list[str] = []
+        self.failures: Counter = Counter()
+
+    def tally(self, eps, kind) -> None:
+        self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
+        if kind == "train":
+            self.failures.update(e.failure for e in eps if e.failure)
+
+    def take_failures(self) -> list[int]:
+        """Failed training episodes this rank played since the last call, per kind of ``FAILURE_KINDS``."""
+        counts, self.failures = self.failures, Counter()
+        return [counts[k] for k in FAILURE_KINDS]
+
+
+class EpisodePlayer(EpisodeTally):
     def __init__(self, env_cfg, engine_cfg, run_seed: int, engine: Engine, dims, traj_path: str | None = None,
                  fixed_task: bool = False):
         """``engine``: any engine (wrapped for ``dims``' tp group here); ``traj_path``: the trajectories file (rank 0
@@ -49,8 +68,7 @@ class EpisodePlayer:
         except (ValueError, OSError) as e:  # too few tasks, a bad task file, a task source that failed: one line
             raise StartupError(f"env.name={env_cfg.name}: its tasks: {e}") from e
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
-        self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
-        self.failures: Counter = Counter()  # failed training episodes this rank played, by kind, since the last take
+        EpisodeTally.__init__(self)
 
     def play(self, tasks, seeds, cfg, render=None, slots=None, ctx_seeds=None, **tags) -> list:
         """The episodes of ``tasks`` (one per seed) on the TP leader, logged to the trajectories file; [] on its
@@ -82,15 +100,8 @@ class EpisodePlayer:
                 getattr(env, "close", lambda: None)()
         if self.traj_path:
             write_trajectories(self.traj_path, eps, **tags)
-        self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
-        if tags.get("kind") == "train":
-            self.failures.update(e.failure for e in eps if e.failure)
+        self.tally(eps, tags.get("kind"))
         return eps
-
-    def take_failures(self) -> list[int]:
-        """Failed training episodes this rank played since the last call, per kind of ``FAILURE_KINDS``."""
-        counts, self.failures = self.failures, Counter()
-        return [counts[k] for k in FAILURE_KINDS]
 
     def make_env(self, max_turns: int):
         """A fresh environment of ``env.name`` built from its section (each episode gets its own)."""

@@ -15,16 +15,14 @@ import logging
 import math
 import os
 import random
-from collections import Counter
 
-from esopt_mp.agent.episodes import load_tasks, return_total
+from esopt_mp.agent.episodes import EpisodeTally, load_tasks, return_total
 from esopt_mp.agent.harness_run import (HarnessError, HarnessPool, callable_job, command_argv, command_job,
                                         load_callable)
 from esopt_mp.agent.held_out import HeldOut
 from esopt_mp.agent.loop import Episode
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.engine.tp import replicated
-from esopt_mp.envs import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
 
 log = logging.getLogger(__name__)
@@ -33,20 +31,12 @@ log = logging.getLogger(__name__)
 def read_tasks(path: str, key: str) -> list[dict]:
     """Every task of a JSONL file (one JSON object a line); one line naming the setting on a bad line."""
     from esopt_mp.data import resolve
+    from esopt_mp.envs.spec import read_jsonl_tasks
 
-    tasks = []
-    with open(resolve(path)) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                task = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{key}={path}:{i}: not a JSON task: {e}") from None
-            if not isinstance(task, dict):
-                raise HarnessError(f"{key}={path}:{i}: a task must be a JSON object, got {type(task).__name__}")
-            tasks.append(task)
-    return tasks
+    try:
+        return read_jsonl_tasks(resolve(path), shown=path)
+    except ValueError as e:
+        raise HarnessError(f"{key}={e}") from None
 
 
 def harness_tasks(obj_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
@@ -75,7 +65,7 @@ def agree(dims, error: str | None) -> None:
         raise HarnessError(first)
 
 
-class HarnessPlayer:
+class HarnessPlayer(EpisodeTally):
     """Plays episodes by running the harness against the served member: what :class:`HeldOut` asks of a player."""
 
     def __init__(self, obj_cfg, env_cfg, engine_cfg, run_seed: int, engine, dims, server=None, api_key: str = "",
@@ -94,8 +84,7 @@ class HarnessPlayer:
             self.form, argv = f"objective.command={obj_cfg.command}", command_argv(obj_cfg.command)
             self._job = lambda url, model, task: command_job(argv, url, model, api_key, task, obj_cfg.failure_return)
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
-        self.recent_errors: list[str] = []  # a few errors of the last episodes this rank played (health warnings)
-        self.failures: Counter = Counter()  # failed training episodes this rank played, by kind, since the last take
+        EpisodeTally.__init__(self)
         self.never_called: str | None = None  # the last play's line when none of its episodes called the endpoint
 
     def step_tasks(self, step: int) -> list[dict]:
@@ -144,14 +133,8 @@ class HarnessPlayer:
                                                                          if eps[0].error else "")))
         if self.traj_path:
             write_requests(self.traj_path, eps, records, **tags)
-        self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
-        if tags.get("kind") == "train":
-            self.failures.update(e.failure for e in eps if e.failure)
+        self.tally(eps, tags.get("kind"))
         return eps
-
-    def take_failures(self) -> list[int]:
-        counts, self.failures = self.failures, Counter()
-        return [counts[k] for k in FAILURE_KINDS]
 
 
 def _unanswered(records: list, url: str) -> str:

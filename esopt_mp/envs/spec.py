@@ -38,20 +38,7 @@ class EnvSpec(abc.ABC):
 
     def load(self, section, path: str, n: int) -> list[dict]:
         """The first ``n`` tasks of a JSONL file (``env.train_path`` / ``env.eval_path``)."""
-        tasks = []
-        with open(path) as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        task = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}:{i}: not a JSON task: {e}") from None
-                    if not isinstance(task, dict):
-                        raise ValueError(f"{path}:{i}: a task must be a JSON object, got {type(task).__name__}")
-                    tasks.append(task)
-                if len(tasks) >= n:
-                    break
-        return tasks
+        return read_jsonl_tasks(path, n)
 
     def task_key(self, task: dict) -> str:
         """What makes two tasks the same (a held-out task equal to a training task is dropped)."""
@@ -106,3 +93,24 @@ class EnvSpec(abc.ABC):
     def program_extractor(self):
         """``text -> program`` of an environment whose episodes write one program (the context optimisers)."""
         return None
+
+
+def read_jsonl_tasks(path: str, n: int | None = None, shown: str | None = None) -> list[dict]:
+    """The first ``n`` (None: all) tasks of a JSONL file, one JSON object a line; a bad line is a ValueError naming
+    ``shown`` (default: ``path``) and the line number."""
+    shown = path if shown is None else shown
+    tasks: list[dict] = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if n is not None and len(tasks) >= n:
+                break
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{shown}:{i}: not a JSON task: {e}") from None
+            if not isinstance(task, dict):
+                raise ValueError(f"{shown}:{i}: a task must be a JSON object, got {type(task).__name__}")
+            tasks.append(task)
+    return tasks

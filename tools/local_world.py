@@ -21,15 +21,19 @@ def _entry(rank: int, world: int, port: int, fn, args, errors):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    ok = False
     try:
         fn(rank, world, *args)
+        ok = True
     except BaseException:
         errors.put((rank, traceback.format_exc()))
         raise
     finally:
-        import torch.distributed as dist
-
         if dist.is_initialized():
+            if ok:  # every rank past its last collective before any closes its connections: a rank still
+                dist.barrier()  # finishing one when its peer tore down aborted in gloo ("terminate called ...")
             dist.destroy_process_group()
 
 

@@ -116,8 +116,7 @@ class EpisodePlayer(EpisodeTally):
         """The step's training tasks (``fixed_task``: the first training task every time)."""
         if self.fixed_task:
             return [self.train_tasks[0]] * self.cfg.episodes_per_step
-        rng = random.Random(stream_seed(self.run_seed, "tasks", step))
-        return [self.train_tasks[i] for i in rng.sample(range(len(self.train_tasks)), self.cfg.episodes_per_step)]
+        return draw_step_tasks(self.train_tasks, self.run_seed, step, self.cfg.episodes_per_step)
 
     def score_program(self, code: str, step: int = 0) -> float | None:
         """Mean score of ``code`` over step ``step``'s tasks, evaluated as an episode's reply is (same environment,
@@ -134,6 +133,13 @@ class EpisodePlayer(EpisodeTally):
                 return None
             scores.append(float(info["score"]))
         return sum(scores) / len(scores)
+
+
+def draw_step_tasks(train_tasks: list[dict], run_seed: int, step: int, n: int) -> list[dict]:
+    """Step ``step``'s ``n`` training tasks from the run's ``tasks`` stream: the same for every member (common random
+    numbers) and every player (environment or harness)."""
+    rng = random.Random(stream_seed(run_seed, "tasks", step))
+    return [train_tasks[i] for i in rng.sample(range(len(train_tasks)), n)]
 
 
 def return_total(eps, failed_count: bool = False) -> tuple[float, int]:

@@ -14,9 +14,8 @@ import json
 import logging
 import math
 import os
-import random
 
-from esopt_mp.agent.episodes import EpisodeTally, load_tasks, return_total
+from esopt_mp.agent.episodes import EpisodeTally, draw_step_tasks, load_tasks, return_total
 from esopt_mp.agent.harness_run import (HarnessError, HarnessPool, callable_job, command_argv, command_job,
                                         load_callable)
 from esopt_mp.agent.held_out import HeldOut
@@ -89,8 +88,7 @@ class HarnessPlayer(EpisodeTally):
 
     def step_tasks(self, step: int) -> list[dict]:
         """The step's training tasks, drawn from the run's ``tasks`` stream (the same for every member)."""
-        rng = random.Random(stream_seed(self.run_seed, "tasks", step))
-        return [self.train_tasks[i] for i in rng.sample(range(len(self.train_tasks)), self.cfg.episodes_per_step)]
+        return draw_step_tasks(self.train_tasks, self.run_seed, step, self.cfg.episodes_per_step)
 
     def play(self, tasks, seeds, sampling: SamplingParams, slots=None, **tags) -> list[Episode]:
         """One harness run per task against the member served meanwhile (its conversation j=0 sampling with

@@ -21,7 +21,7 @@ def _entry(rank: int, world: int, port: int, fn, args, errors):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import torch.distributed as dist
+    from esopt_mp.parallel import close_distributed
 
     ok = False
     try:
@@ -31,10 +31,7 @@ def _entry(rank: int, world: int, port: int, fn, args, errors):
         errors.put((rank, traceback.format_exc()))
         raise
     finally:
-        if dist.is_initialized():
-            if ok:  # every rank past its last collective before any closes its connections: a rank still
-                dist.barrier()  # finishing one when its peer tore down aborted in gloo ("terminate called ...")
-            dist.destroy_process_group()
+        close_distributed(drain=ok)
 
 
 def run_world(world: int, fn, *args, timeout: float = 600.0) -> None:

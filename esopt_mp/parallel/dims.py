@@ -148,6 +148,13 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
     return dims
 
 
-def close_distributed() -> None:
+def close_distributed(drain: bool = False) -> None:
+    """Tear the process group down; ``drain``: first meet every rank at a barrier.
+
+    Ranks that all succeeded drain so none closes its connections while a peer is still finishing the last
+    collective (gloo aborts in its destructor then). A failed rank must not drain: its peers may never come.
+    """
     if dist.is_initialized():
+        if drain:
+            dist.barrier()
         dist.destroy_process_group()

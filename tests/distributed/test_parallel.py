@@ -9,6 +9,7 @@ from tools.local_world import run_world
 
 pytestmark = pytest.mark.slow
 LAYOUTS = [(1, 1), (1, 2), (2, 1), (2, 2)]  # (dp, tp)
+STEPS = 2  # the second step starts from weights the first moved: what differs between layouts then compounds
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def layout_results(tiny_model, tmp_path_factory):
     out = {}
     for dp, tp in LAYOUTS:
         d = tmp_path_factory.mktemp(f"dp{dp}tp{tp}")
-        run_world(dp * tp, workers.layout_worker, dp, tp, tiny_model, str(d / "run"), str(d / "out.pt"), 3)
+        run_world(dp * tp, workers.layout_worker, dp, tp, tiny_model, str(d / "run"), str(d / "out.pt"), STEPS)
         out[(dp, tp)] = torch.load(d / "out.pt")
     return out
 
@@ -102,12 +103,12 @@ def test_model_output_reward_agrees_to_tp_rounding(layout_results, tiny_model):
 
 
 def test_comm_bytes_do_not_depend_on_model_size(layout_results):
-    # 3 steps of one all-gather of G=8 x (return, flag) float64, checksum every step over dp
+    # STEPS steps of one all-gather of G=8 x (return, flag) float64, checksum every step over dp
     b = layout_results[(2, 2)]["seed_hash_comm"]
-    assert 0 < b < 3 * (8 * 2 * 8 * 3 * 2 + 64 * 8 * 2)
+    assert 0 < b < STEPS * (8 * 2 * 8 * 3 * 2 + 64 * 8 * 2)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [4])  # dp=2 x tp=1 has no tp peers: its ranks are the drifted ones here
 def test_corrupted_replica_is_named(tiny_model, tmp_path, world):
     """dp=2 x tp=world/2: the shard of one tp rank drifts; every rank raises, the drifted tp ranks name it."""
     run_world(world, workers.drift_worker, tiny_model, str(tmp_path / "run"), str(tmp_path / "msg"))

@@ -150,18 +150,17 @@ def test_subtract_restore_at_dp2_equals_one_process_and_replays(tmp_path):
     assert any(not torch.equal(rep[k], v) for k, v in load_file(os.path.join(model, "model.safetensors")).items())
 
 
-def test_bad_configs_fail_before_any_rollout(tmp_path):
+def test_another_config_in_the_same_run_dir_is_one_line_before_any_rollout(tmp_path):
+    """A wrong world size, sigma = 0 and an unknown environment fail before anything is built: test_launch's and
+    test_env_plugin's launches; the refusal's own wording: test_resume_with_another_es_config_is_refused."""
     run = tmp_path / "run"
     _run(_cmd(1, run, ["es.steps=1"]))
-    cases = [
-        (_cmd(1, run, ["es.steps=1", "run.seed=99"]), "different configuration"),
-        ([sys.executable, "launch/train.py", "env.name=chess", f"run.dir={tmp_path / 'b'}"],
-         "env.name: unknown environment"),
-    ]  # a wrong world size and sigma = 0 before anything is built: tests/integration/test_launch.py
-    for cmd, msg in cases:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env())
-        assert p.returncode != 0 and msg in p.stderr, (msg, p.stderr[-1500:])
-    assert not (tmp_path / "b" / "base_model").exists()
+    before = (run / "history.jsonl").read_text()
+    p = subprocess.run(_cmd(1, run, ["es.steps=1", "run.seed=99"]), cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=_env())
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 2 and last.startswith("error: ") and "different configuration" in last, p.stderr[-1500:]
+    assert (run / "history.jsonl").read_text() == before  # nothing played, nothing appended
 
 
 def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):

@@ -14,6 +14,7 @@ from esopt_mp.checkpoint import (CHUNKS, CheckpointError, CheckpointMismatch, Ch
 from esopt_mp.dcp_boxes import JsonMetadataReader, box_state_dict, check_coverage
 from esopt_mp.identity import diff_identity
 from esopt_mp.ledger import LedgerError, updates_digest
+from esopt_mp.parallel.comm import first_failure
 
 log = logging.getLogger(__name__)
 __all__ = ["agree_on_failure", "check_identity", "load_checkpoint_", "replay_", "restore_run_"]
@@ -66,24 +67,18 @@ def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = No
 
 
 def agree_on_failure(dims, error: Exception | None, what: str) -> None:
-    """One verdict for all ranks: if any rank's ``error`` is set, every rank raises the same line, at once.
-
-    One all-gather of each rank's error line (None when it succeeded),
-    called by every rank before any may enter the next collective: a rank
-    that failed alone would otherwise leave its peers waiting in that
-    collective for ``parallel.timeout_s``. The lowest failing rank's error
-    decides the line and the class (one of this module's, else RuntimeError). One process: ``error`` as it is.
-    """
+    """One verdict for all ranks (:func:`esopt_mp.parallel.comm.first_failure`): if any rank's ``error`` is set,
+    every rank raises the same line, at once. The lowest failing rank's error decides the line and the class (one
+    of this module's, else RuntimeError). One process: ``error`` as it is."""
     if dims.world_size == 1:
         if error is not None:
             raise error
         return
-    line = None if error is None else (type(error).__name__, str(error))
-    failed = [(r, x) for r, x in enumerate(dims.comm.all_gather_object(line)) if x is not None]
-    if not failed:
+    found = first_failure(dims, None if error is None else (type(error).__name__, str(error)))
+    if found is None:
         return
-    rank, (name, msg) = failed[0]
-    others = f" (and {len(failed) - 1} other rank{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+    rank, (name, msg), n = found
+    others = f" (and {n - 1} other rank{'s' if n > 2 else ''})" if n > 1 else ""
     cls = {c.__name__: c for c in (CheckpointError, CheckpointReadError, CheckpointMismatch, LedgerError)}.get(
         name, RuntimeError)
     raise cls(f"{what} failed on rank {rank}{others}: {msg}") from error

@@ -23,6 +23,7 @@ from esopt_mp.agent.loop import Episode
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.engine.tp import replicated
 from esopt_mp.es.seeds import stream_seed
+from esopt_mp.parallel.comm import first_failure
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,11 @@ def harness_tasks(obj_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
 
 
 def agree(dims, error: str | None) -> None:
-    """One verdict for all ranks: if any rank's ``error`` is set, every rank raises :class:`HarnessError` with the
-    lowest failing rank's line (one all-gather), so no peer waits in the next collective."""
-    lines = dims.comm.all_gather_object(error) if dims.world_size > 1 else [error]
-    first = next((x for x in lines if x), None)
-    if first is not None:
-        raise HarnessError(first)
+    """One verdict for all ranks (:func:`esopt_mp.parallel.comm.first_failure`): if any rank's ``error`` is set,
+    every rank raises :class:`HarnessError` with the lowest failing rank's line."""
+    found = first_failure(dims, error or None)
+    if found is not None:
+        raise HarnessError(found[1])
 
 
 class HarnessPlayer(EpisodeTally):

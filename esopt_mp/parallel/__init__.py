@@ -5,7 +5,7 @@ The names below load on first use (PEP 562), so importing ``esopt_mp.parallel.co
 from esopt_mp.lazy import lazy_exports
 
 _EXPORTS = {
-    "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "comm", "check_replicas": "comm",
+    "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "comm", "check_replicas": "comm", "first_failure": "comm",
     "gather_returns": "comm", "shard_checksum": "comm", "ParallelDims": "dims", "close_distributed": "dims",
     "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
     "discover": "launcher", "first_slurm_host": "launcher",

@@ -16,6 +16,18 @@ from esopt_mp.parallel.dims import ParallelDims
 NOT_MINE, VALID, FAILED = 0.0, 1.0, 2.0
 
 
+def first_failure(dims: ParallelDims, line: str | tuple | None) -> tuple[int, object, int] | None:
+    """(rank, line, ranks failed) of the lowest rank whose ``line`` is set, else None: every rank's verdict at once.
+
+    One all-gather of each rank's error line (None: it succeeded), called by every rank before any may enter the
+    next collective: a rank that failed alone would otherwise leave its peers waiting in that collective for
+    ``parallel.timeout_s``. One process: no collective.
+    """
+    lines = dims.comm.all_gather_object(line) if dims.world_size > 1 else [line]
+    failed = [(r, x) for r, x in enumerate(lines) if x is not None]
+    return (failed[0][0], failed[0][1], len(failed)) if failed else None
+
+
 def gather_returns(local: dict[int, float], population: int, dims: ParallelDims) -> np.ndarray:
     """All G returns on every rank, from each dp group's TP leader, in one all-gather.
 

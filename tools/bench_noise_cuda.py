@@ -6,7 +6,7 @@ all from this one run:
 - ``equal``: fused kernels vs the eager torch path on the same GPU, bit for bit (eps on whole / row /
   column / uneven / 3-d slices; perturb, restore, update with G = 1, 8, 32, fp32 and bf16 weights,
   with and without weight decay); ``cuda_vs_cpu_max_ulp``: eps on the GPU vs the CPU reference
-  (fp64 libm differences may move a float32 by an ulp; ARCHITECTURE.md s.4);
+  (fp64 libm differences may move a float32 by an ulp);
 - ``noise_elems_per_s``: eps written to memory by the kernel;
 - ``update_G*``: the fused update's weight bytes (read + write) per second, as a fraction of a
   device-to-device copy of the same bytes, and its time as a multiple of one perturb pass.

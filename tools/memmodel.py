@@ -18,8 +18,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a checkout without installing, as the other tools
 GB = 1e9
-PAPER = {"es": 8.41, "grpo": 58.88}  # Qwen3.5-4B Sudoku, GPU memory (FACTS.md)
-# The paper's Sudoku setting (FACTS.md): 32 tasks/step, H*=5 -> 15 turns, 64 tokens/turn. Assumed: ~200 prompt tokens
+PAPER = {"es": 8.41, "grpo": 58.88}  # Qwen3.5-4B Sudoku, GPU memory (the paper's figures)
+# The paper's Sudoku setting: 32 tasks/step, H*=5 -> 15 turns, 64 tokens/turn. Assumed: ~200 prompt tokens
 # per turn (board + empty-cell list + feedback) and a 300-token first prompt -> context 300 + 15 * 264 = 4260.
 WORKLOAD = dict(batch=32, context=4260, new_tokens=64, prefill_tokens=300)
 TRAIN = dict(batch=1, context=4260, new_tokens=64, grad_checkpointing=True)  # GRPO micro-batch of one episode

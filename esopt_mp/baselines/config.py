@@ -17,7 +17,7 @@ ALGOS = ("es", "grpo", "ppo")
 class AlgoConfig:
     """Which trainer runs (``es``, or a policy-gradient baseline) and the baselines' settings.
 
-    Defaults: the paper's GRPO reference for Sudoku (FACTS.md: lr 1e-6, KL beta
+    Defaults: the paper's GRPO reference for Sudoku (lr 1e-6, KL beta
     1e-3, clip 0.2, 8 generations, batch 32 = 4 tasks x 8). ``es`` ignores the rest.
     """
     name: str = "es"

@@ -3,7 +3,7 @@
 vLLM holds ``qkv_proj`` (q, k, v rows of this tp rank, concatenated),
 ``gate_up_proj``, Qwen3.5's ``in_proj_qkvz`` / ``in_proj_ba``, vocab-parallel
 embeddings padded to a multiple of 64 rows, and so on. The noise spec is keyed
-by checkpoint names and global indices (ARCHITECTURE.md s.4), so each local
+by checkpoint names and global indices (:mod:`esopt_mp.es.noise`), so each local
 runtime tensor is described as a list of :class:`Piece`: a contiguous range of
 its flattened elements that is one box of one checkpoint tensor, in that box's
 row-major order. Padding elements belong to no piece (they get no noise and are

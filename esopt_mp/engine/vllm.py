@@ -15,7 +15,7 @@ in-process uniproc executor.
 Choices (README, "Engines"):
 
 - prefix caching is off: KV computed under another member's weights would be
-  reused after a weight change (FACTS.md, peers); ``reset_prefix_cache`` is
+  reused after a weight change (and on a peer rank); ``reset_prefix_cache`` is
   also called after every weight change in case a user turns it on.
 - CUDA graphs: off by default (``engine.enforce_eager=true``). Captured graphs
   read parameters by address, so in-place edits should be seen, but that is

@@ -17,7 +17,7 @@ Two ways to make the weights take effect (``sync``):
   worker-side copy of the runtime tensors (built from the checkpoint through
   the mapping); before the next generation the worker hands vLLM the full
   checkpoint-format state via ``reload_weights`` (a partial reload corrupts
-  fused projections; FACTS.md).
+  fused projections).
 """
 from __future__ import annotations
 

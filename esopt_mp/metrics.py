@@ -17,7 +17,8 @@ def setup_logging(rank: int, level: str = "INFO") -> None:
     handler.setFormatter(logging.Formatter(f"[%(asctime)s r{rank} %(name)s] %(message)s", "%H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(getattr(logging, level) if rank == 0 else logging.WARNING)
-    for noisy in ("transformers", "torch.distributed", "httpx"):
+    # every HTTP request a harness's client makes is an INFO line of its HTTP library (httpx; httpx2 under openai 3)
+    for noisy in ("transformers", "torch.distributed", "httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 

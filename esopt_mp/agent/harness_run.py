@@ -17,9 +17,11 @@ Plain Python (no torch): the config's validation imports this module.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import importlib
 import json
 import math
+import numbers
 import os
 import shlex
 import shutil
@@ -118,18 +120,30 @@ def failed(kind: str, error: str, failure_return: float) -> Outcome:
 
 
 def as_return(value, failure_return: float, what: str) -> Outcome:
-    """A harness's result as the episode's return: a finite number, else the model's failure."""
+    """A harness's result as the episode's return: a finite real number (a numpy or torch scalar, a Decimal or a
+    Fraction too), else the model's failure."""
     if isinstance(value, str):
         text = value.strip()
         try:
             value = float(text)
         except ValueError:
             return failed("model", f"{what} {text[-200:]!r} is not a number", failure_return)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return failed("model", f"{what} {value!r} ({type(value).__name__}) is not a number", failure_return)
-    if not math.isfinite(value):
-        return failed("model", f"{what} {value!r} is not a finite number", failure_return)
-    return Outcome(float(value))
+    if not isinstance(value, (bool, numbers.Real)) and callable(getattr(value, "item", None)):
+        try:  # a one-element array or tensor (np.float32 is a Real already)
+            value = value.item()
+        except (ValueError, RuntimeError, TypeError):
+            pass
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    if (isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal))
+            or type(value).__name__ == "bool_"):
+        return failed("model", f"{what} {shown} ({type(value).__name__}) is not a number", failure_return)
+    try:
+        ret = float(value)
+    except (OverflowError, ValueError):
+        ret = math.inf
+    if not math.isfinite(ret):
+        return failed("model", f"{what} {shown} is not a finite number", failure_return)
+    return Outcome(ret)
 
 
 class Slot:
@@ -166,7 +180,12 @@ def harness_env(base_url: str, model: str, api_key: str) -> dict:
 
 def command_job(argv: list[str], base_url: str, model: str, api_key: str, task,
                 failure_return: float) -> Callable[[Slot], Outcome]:
-    """One episode of ``argv``: the task as JSON on stdin, its last stdout line the return."""
+    """One episode of ``argv``: the task as JSON on stdin, its last stdout line the return.
+
+    The episode ends when the command exits: then whatever it left running in its process group is killed (a
+    background child holding its stdout open would otherwise make the episode wait for that child), and of its
+    output only the last ``_KEEP`` characters of each stream are held (a flood is read, not stored).
+    """
     def job(slot: Slot) -> Outcome:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -176,7 +195,25 @@ def command_job(argv: list[str], base_url: str, model: str, api_key: str, task,
         slot.on_cancel = lambda: _kill_group(proc)
         if slot.cancelled:  # the wall clock passed while it started
             _kill_group(proc)
-        out, err = proc.communicate(json.dumps(task, default=str))  # one that never reads its task: no error
+        tails: dict[str, list[str]] = {"out": [], "err": []}
+        readers = [threading.Thread(target=_drain, args=(stream, tails[k]), daemon=True)
+                   for k, stream in (("out", proc.stdout), ("err", proc.stderr))]
+        for t in readers:
+            t.start()
+        try:
+            proc.stdin.write(json.dumps(task, default=str))
+            proc.stdin.close()
+        except OSError:  # one that never reads its task: no error
+            pass
+        try:  # exited, not yet reaped: its pid (the group's id) cannot be reused before the group is killed
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        _kill_group(proc)
+        proc.wait()
+        for t in readers:
+            t.join(timeout=5.0)  # a descendant that left the group may hold a pipe open: what was read so far
+        out, err = ("".join(tails[k]) for k in ("out", "err"))
         tail = f"; stderr: {err.strip()[-_TAIL:]}" if err.strip() else ""
         if proc.returncode == EX_TEMPFAIL:
             return failed("infra", f"exited {EX_TEMPFAIL} (EX_TEMPFAIL){tail}", failure_return)
@@ -190,13 +227,27 @@ def command_job(argv: list[str], base_url: str, model: str, api_key: str, task,
     return job
 
 
+_KEEP = 64 << 10  # characters of each of a command's output streams held while it runs
+
+
+def _drain(stream, into: list[str]) -> None:
+    """Read ``stream`` to its end, keeping its last ``_KEEP`` characters (in ``into``, one string)."""
+    tail = ""
+    try:
+        for chunk in iter(lambda: stream.read(8192), ""):
+            tail = (tail + chunk)[-_KEEP:]
+    except (OSError, ValueError):  # closed under it
+        pass
+    into.append(tail)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL to the command's process group (it and every child it started), if still running."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """SIGKILL to the command's process group: it and every child it started, including those still running after
+    it exited (the group outlives its leader while it has members)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class HarnessPool:

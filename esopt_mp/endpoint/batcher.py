@@ -12,6 +12,7 @@ import threading
 from typing import Callable
 
 from esopt_mp.agent.chat import IM_END
+from esopt_mp.endpoint.protocol import RequestError
 from esopt_mp.endpoint.render import continuation_text, parse_reply, prompt_text
 from esopt_mp.endpoint.sessions import Thread
 from esopt_mp.engine.base import generate_capped
@@ -79,30 +80,39 @@ class Batcher:
 
 
 def generate(engine, batch: list[Pending], sampling: SamplingParams, parser: str, next_cid,
-             tokenizer=None) -> list[Turn]:
-    """One engine batch for ``batch`` (a new conversation opens here, on the serving thread)."""
+             tokenizer=None) -> list[Turn | RequestError]:
+    """One engine batch for ``batch`` (a new conversation opens here, on the serving thread); a request whose
+    conversation would not fit the engine's context with one more token is answered with its 400 instead."""
     tok = tokenizer if tokenizer is not None else engine.tokenizer
     im_end = tok.convert_tokens_to_ids(IM_END)
-    convs, new_ids, before = [], [], []
-    for p in batch:
+    limit = getattr(engine, "max_context", None)
+    convs, new_ids, before, keep, out = [], [], [], [], [None] * len(batch)
+    for k, p in enumerate(batch):
         t = p.thread
+        text = prompt_text(p.new, p.tools) if p.fresh else continuation_text(t.ended_clean, p.new)
+        ids = tok.encode(text, add_special_tokens=False)
+        n0 = 0 if p.fresh else len(t.conv.ids)
+        if limit and n0 + len(ids) >= limit:
+            out[k] = RequestError(400, f"messages: this conversation is {n0 + len(ids)} tokens; the model takes at "
+                                       f"most {limit} (prompt and reply)", "messages", "context_length_exceeded")
+            continue
         if p.fresh:
             t.conv = engine.new_conversation(next_cid(), t.seed, join=True)
-            text = prompt_text(p.new, p.tools)
-        else:
-            text = continuation_text(t.ended_clean, p.new)
         convs.append(t.conv)
-        new_ids.append(tok.encode(text, add_special_tokens=False))
-        before.append(len(t.conv.ids))
+        new_ids.append(ids)
+        before.append(n0)
+        keep.append(k)
+    if not keep:
+        return out
     caps = None
-    if any(p.cap is not None for p in batch):
-        caps = [min(sampling.max_new_tokens, p.cap or sampling.max_new_tokens) for p in batch]
+    if any(batch[k].cap is not None for k in keep):
+        caps = [min(sampling.max_new_tokens, batch[k].cap or sampling.max_new_tokens) for k in keep]
     gens = generate_capped(engine, convs, new_ids, sampling, caps)
-    out = []
-    for p, g, ids, n0 in zip(batch, gens, new_ids, before):
+    for k, g, ids, n0 in zip(keep, gens, new_ids, before):
+        p = batch[k]
         prefix = f"call_{p.episode}_{p.thread.ordinal}_{p.thread.turns}_"
         content, calls, finish = parse_reply(g.text, parser, p.tools if p.parse else None, g.finish, prefix)
         prompt = n0 + len(ids)
-        out.append(Turn(g.text, content, calls, finish, prompt, len(g.token_ids), max(0, prompt - g.prefill_tokens),
-                        bool(g.token_ids) and g.token_ids[-1] == im_end))
+        out[k] = Turn(g.text, content, calls, finish, prompt, len(g.token_ids), max(0, prompt - g.prefill_tokens),
+                      bool(g.token_ids) and g.token_ids[-1] == im_end)
     return out

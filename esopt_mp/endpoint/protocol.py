@@ -60,6 +60,8 @@ def parse_request(raw: bytes) -> dict:
         req = json.loads(raw)
     except ValueError as e:
         raise RequestError(400, f"the body is not valid JSON: {e}") from None
+    except RecursionError:  # nesting deeper than the parser's stack: no chat request is
+        raise RequestError(400, "the body is not valid JSON here: nested too deeply") from None
     if not isinstance(req, dict):
         raise RequestError(400, "the body must be a JSON object")
     if not isinstance(req.get("model"), str) or not req["model"]:
@@ -78,9 +80,10 @@ def parse_request(raw: bytes) -> dict:
         if not isinstance(tools, list):
             raise _bad("tools", "must be a list")
         for k, t in enumerate(tools):
-            if not isinstance(t, dict) or not isinstance((t.get("function") or {}).get("name"), str):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 raise _bad(f"tools[{k}]", "must be {'type': 'function', 'function': {'name': ..., ...}}")
-    if req.get("n") not in (None, 1):
+    if req.get("n") is not None and (isinstance(req["n"], bool) or req["n"] != 1):
         raise _bad("n", f"only n=1 is served (one reply per request), got {req['n']!r}")
     for p in ("max_tokens", "max_completion_tokens"):
         v = req.get(p)

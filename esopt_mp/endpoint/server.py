@@ -236,14 +236,17 @@ class EndpointServer:
             if m is None:
                 raise not_served(model or "?", ENDED if model in self._ended else "no member is being served")
             if model is not None and model != m.model_id:
-                raise not_served(model, ENDED if model in self._ended else f"this endpoint serves {m.model_id!r}")
+                err = not_served(model, ENDED if model in self._ended else f"this endpoint serves {m.model_id!r}")
+                if token is not None:  # an episode's request, refused: its record says so (it did reach us)
+                    route.records.append({"model": model, "error": str(err), "seconds": 0.0})
+                raise err
             return m, route
 
     def check_key(self, header: str | None) -> None:
         if not self.api_key:
             return
-        got = (header or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(got.encode(), self.api_key.encode()):
+        scheme, _, got = (header or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(got.strip().encode(), self.api_key.encode()):
             raise RequestError(401, "incorrect API key: send 'Authorization: Bearer <key>' with the endpoint's key",
                                code="invalid_api_key")
 

@@ -64,6 +64,8 @@ class HFEngine:
         self._cache_kw = cache_kwarg(model)
         self.eos = eos_ids(tokenizer, eos_token_ids)
         self.stats = EngineStats()
+        cfg = getattr(model.config, "text_config", None) or model.config
+        self.max_context = getattr(cfg, "max_position_embeddings", None)  # prompt + reply tokens the model takes
 
     def new_conversation(self, cid: int, seed: int) -> Conversation:
         g = torch.Generator()

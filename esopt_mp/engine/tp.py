@@ -79,6 +79,10 @@ class TPEngine:
     def stats(self):
         return self.inner.stats
 
+    @property
+    def max_context(self) -> int | None:
+        return getattr(self.inner, "max_context", None)
+
     def close(self) -> None:
         self.inner.close()
 

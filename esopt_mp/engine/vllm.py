@@ -143,6 +143,10 @@ class VLLMEngine:
         self.eos = eos_ids(tokenizer)
         self.pad_id = pad_id(tokenizer)
         self.stats = EngineStats()
+        try:  # prompt + reply tokens the engine takes (engine.max_model_len, else the model's); vLLM raises past it
+            self.max_context = int(llm.llm_engine.model_config.max_model_len)
+        except AttributeError:
+            self.max_context = None
 
     def new_conversation(self, cid: int, seed: int) -> Conversation:
         return Conversation(cid, seed)

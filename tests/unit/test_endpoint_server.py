@@ -177,7 +177,11 @@ def test_refusals_are_openai_errors_naming_the_parameter(server, tok):
                  (json.dumps({"model": "member-0-0", "messages": [{"role": "robot", "content": "x"}]}),
                   "messages[0].role"),
                  (json.dumps({"model": "member-0-0", "messages": [{"role": "user", "content": [
-                     {"type": "image_url", "image_url": {"url": "x"}}]}]}), "messages[0].content[0]")]
+                     {"type": "image_url", "image_url": {"url": "x"}}]}]}), "messages[0].content[0]"),
+                 (json.dumps({"model": "member-0-0", "messages": ok, "n": True}), "n"),  # True == 1 in Python
+                 (json.dumps({"model": "member-0-0", "messages": ok,
+                              "tools": [{"type": "function", "function": "calc"}]}), "tools[0]"),
+                 ('{"model": "member-0-0", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}", None)]
         for body, param in cases:
             r = httpx.post(f"{url}/chat/completions", content=body, timeout=30)
             assert r.status_code == 400, (body, r.text)
@@ -199,14 +203,32 @@ def test_a_bearer_key_is_required_when_configured(tok, monkeypatch):
         assert s.api_key == "s3cret"
         with serving(s, FakeEngine(tok)) as m:
             url, ok = m.routes[0].base_url, [{"role": "user", "content": "x"}]
-            for headers in ({}, {"Authorization": "Bearer wrong"}):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
+                            {"Authorization": "Basic s3cret"}):
                 r = httpx.post(f"{url}/chat/completions", json={"model": "member-0-0", "messages": ok},
                                headers=headers)
                 assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             assert httpx.get(f"{url}/models").status_code == 401
-            r = httpx.post(f"{url}/chat/completions", json={"model": "member-0-0", "messages": ok},
-                           headers={"Authorization": "Bearer s3cret"}, timeout=30)
-            assert r.status_code == 200
+            for scheme in ("Bearer", "bearer"):  # the scheme is case-insensitive (RFC 9110)
+                r = httpx.post(f"{url}/chat/completions", json={"model": "member-0-0", "messages": ok},
+                               headers={"Authorization": f"{scheme} s3cret"}, timeout=30)
+                assert r.status_code == 200
+
+
+def test_a_conversation_past_the_context_is_refused_and_the_member_goes_on(server, tok):
+    """A prompt that would not fit the engine's context with one more token: a 400 naming it, never sent to the
+    engine (vLLM raises there, which would end the run); the member's other requests are served."""
+    engine = FakeEngine(tok)
+    engine.max_context = 64
+    with serving(server, engine) as m:
+        url = m.routes[0].base_url
+        r = chat(url, "member-0-0", [{"role": "user", "content": "word " * 200}])
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
+        assert "the model takes at most 64" in err["message"]
+        r = chat(url, "member-0-0", [{"role": "user", "content": "x"}])
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
 def test_a_port_in_use_is_one_line(tok):

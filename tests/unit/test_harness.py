@@ -307,12 +307,14 @@ def test_episodes_through_the_real_endpoint_and_an_abandoned_harness_meets_the_c
                      kind="train", step=2, member=5)
         assert eps[0].ret == 0.007 and [e.failure for e in eps] == [None, "infra", "wall_clock"]
         assert eps[1].error.startswith("raised NotFoundError: Error code: 404 - model 'member-9-9' is not being served")
-        assert "it got no reply from the endpoint http://127.0.0.1:" in eps[1].error
+        assert "none of its 1 requests to http://127.0.0.1:" in eps[1].error  # it reached the endpoint, refused
         deadline = time.time() + 10
         while not LATE and time.time() < deadline:
             time.sleep(0.05)
     assert LATE[0].status_code == 404 and LATE[0].body["code"] == "model_not_found"  # never other weights' answer
     assert "model 'member-2-5' is not being served (the member's evaluation ended)" in str(LATE[0])
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
-    assert [len(r["requests"]) for r in rows] == [1, 0, 1]  # a request for another model: no episode's
+    assert [len(r["requests"]) for r in rows] == [1, 1, 1]  # a request for another model: recorded, refused
+    assert rows[1]["requests"][0] == {"model": "member-9-9", "seconds": 0.0, "error": rows[1]["requests"][0]["error"]}
+    assert "not being served" in rows[1]["requests"][0]["error"] and "reply" not in rows[1]["requests"][0]
     assert rows[0]["requests"][0]["reply"]["content"] == "seed 7 turn 1"

@@ -90,7 +90,8 @@ def test_a_rollout_through_the_endpoint_scores_as_verifiers_does(monkeypatch):
         assert req["session"] and req["reply"]["content"] == (right, wrong)[k]
         assert [msg["role"] for msg in req["messages"]] == ["system", "user"]
         assert req["messages"][1]["content"] == entries[2]["question"]
-    assert routes[2].records == []
+    (refused,) = routes[2].records  # it reached its route and was refused: no reply, the refusal recorded
+    assert "reply" not in refused and "not being served" in refused["error"]
     with pytest.raises(ValueError, match="by 'idx' \\(its position\\) or 'id'"):
         play(routes[0].base_url, "member-1-3", {"question": "?"})
     with pytest.raises(ValueError, match="the taskset has 8 tasks: no idx 99"):

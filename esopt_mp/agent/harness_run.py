@@ -134,8 +134,7 @@ def as_return(value, failure_return: float, what: str) -> Outcome:
         except (ValueError, RuntimeError, TypeError):
             pass
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-    if (isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal))
-            or type(value).__name__ == "bool_"):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
         return failed("model", f"{what} {shown} ({type(value).__name__}) is not a number", failure_return)
     try:
         ret = float(value)

@@ -318,3 +318,23 @@ def test_episodes_through_the_real_endpoint_and_an_abandoned_harness_meets_the_c
     assert rows[1]["requests"][0] == {"model": "member-9-9", "seconds": 0.0, "error": rows[1]["requests"][0]["error"]}
     assert "not being served" in rows[1]["requests"][0]["error"] and "reply" not in rows[1]["requests"][0]
     assert rows[0]["requests"][0]["reply"]["content"] == "seed 7 turn 1"
+
+
+def test_a_returned_number_of_any_real_type_is_the_return_and_anything_else_the_models_failure():
+    import decimal
+    import fractions
+
+    import numpy as np
+    import torch
+
+    from esopt_mp.agent.harness_run import as_return
+
+    for value, want in ((np.float32(0.5), 0.5), (np.int64(1), 1.0), (torch.tensor(0.25), 0.25),
+                        (decimal.Decimal("0.75"), 0.75), (fractions.Fraction(1, 4), 0.25), (" 2.5\n", 2.5)):
+        out = as_return(value, -1.0, "its return")
+        assert (out.ret, out.failure) == (want, None), value
+    for value, why in ((np.bool_(True), "(bool) is not a number"), (torch.tensor(True), "(bool) is not a number"),
+                       (np.array([1.0, 2.0]), "(ndarray) is not a number"), (10 ** 400, "is not a finite number"),
+                       (decimal.Decimal("NaN"), "is not a finite number"), ("many", "is not a number")):
+        out = as_return(value, -1.0, "its return")
+        assert out.failure == "model" and out.ret == -1.0 and why in out.error and len(out.error) < 200, value

@@ -4,11 +4,13 @@ endpoint's own test in tests/distributed), the harnesses that cannot run and a p
 those that fail (each episode its kind and error)."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tools.local_world import free_port
 
@@ -80,6 +82,27 @@ def test_a_scripted_harness_trains_and_its_ledger_at_dp2_equals_dp1(scripted, tm
     def replies(rows):
         return sorted((r["step"], r["member"], r["id"], [q["reply"]["content"] for q in r["requests"]]) for r in rows)
     assert replies(_rows(d2, "train")) == replies(r for r in train if r["member"] in (0, 2))  # word for word
+
+
+def test_a_harness_run_resumes_from_its_checkpoint_and_exports_the_same_weights(scripted, tmp_path):
+    """Checkpoints and export as for any objective: the same 2 steps (the same ledger as the run without them); its
+    last checkpoint and export lost, the same command resumes from step 1's checkpoint, replays step 2 from the
+    ledger (no episode played again) and exports the very same weights."""
+    from safetensors.torch import load_file
+
+    d = tmp_path / "run"
+    args = [*SHORT, SCRIPTED, "run.checkpoint_every=1", "run.export=true"]
+    s = _ok(_run(args, d))
+    assert s["steps"] == 2 and _ledger(d) == _ledger(scripted[0])
+    first = load_file(str(d / "export" / "model.safetensors"))
+    played = len(_rows(d, "train"))
+    shutil.rmtree(d / "ckpt" / "step_000002")
+    shutil.rmtree(d / "export")
+    again = _run(args, d)
+    assert _ok(again)["resumed_from"] == 2 and "replayed 1 ledger entries" in again.stderr, again.stderr[-3000:]
+    assert len(_rows(d, "train")) == played  # nothing played again
+    second = load_file(str(d / "export" / "model.safetensors"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
 def test_a_port_in_use_is_one_line(tmp_path):

@@ -45,6 +45,7 @@ class Engine(Protocol):
     tokenizer: Any
     pad_id: int
     stats: EngineStats
+    max_context: int | None  # prompt + reply tokens a conversation may hold (None: not known)
 
     def new_conversation(self, cid: int, seed: int) -> Any: ...
 

@@ -31,17 +31,12 @@ def test_imgtool_crop_clips_past_the_edge_and_refuses_an_inverted_box_in_one_lin
 @pytest.mark.skipif(__import__("shutil").which("tesseract") is None,
                     reason="tesseract not installed (apt-get install tesseract-ocr fonts-dejavu-core)")
 def test_docvqa_4b_profile_has_the_paper_values_and_generates_tasks(tmp_path):
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     from esopt_mp.agent.episodes import load_tasks
     from esopt_mp.config import build_config
+    from tests.fixtures.configs import compose_config
 
-    configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
-    with initialize_config_dir(config_dir=configs, version_base="1.3"):
-        raw = compose("config", overrides=["+experiment=docvqa_4b", "env.n_train=8", "env.n_eval=4",
-                                           "env.episodes_per_step=4", f"env.docvqa.gen_dir={tmp_path}"])
-    cfg = build_config(OmegaConf.to_container(raw, resolve=True), 1)
+    cfg = build_config(compose_config("+experiment=docvqa_4b", "env.n_train=8", "env.n_eval=4",
+                                      "env.episodes_per_step=4", f"env.docvqa.gen_dir={tmp_path}"), 1)
     e = cfg.engine
     assert (cfg.env.name, cfg.env.max_turns, cfg.env.eval_repeats, cfg.env.max_episode_tokens) == ("docvqa", 50, 4,
                                                                                                     32768)
@@ -58,9 +53,9 @@ def test_env_docvqa_overrides_build_where_tesseract_is_installed():
     import shutil
 
     from esopt_mp.config import build_config
-    from tests.unit.test_experiments import _compose
+    from tests.fixtures.configs import compose_config
 
     if not shutil.which("tesseract"):
         pytest.skip("tesseract not installed (apt-get install tesseract-ocr)")
-    cfg = build_config(_compose("env.name=docvqa", "env.docvqa.observation_chars=123", "env.sandbox.wall_s=5"), 1)
+    cfg = build_config(compose_config("env.name=docvqa", "env.docvqa.observation_chars=123", "env.sandbox.wall_s=5"), 1)
     assert cfg.env.docvqa.observation_chars == 123 and cfg.env.sandbox.wall_s == 5

@@ -78,19 +78,16 @@ def test_the_installed_example_trains_two_steps(example_installed, tmp_path):
 def test_a_bad_section_is_one_line_naming_the_key(example_installed, tmp_path):
     """Each bad value of the plugin's section is refused naming its key: through launch/train.py's own route
     (open_sections, Hydra, build_config) in this process, and one of them launched: one line, exit 2."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from esopt_mp.config import ConfigError, build_config, open_sections
+    from esopt_mp.config import ConfigError, build_config
+    from tests.fixtures.configs import compose_config
 
     cases = (("env.guess_number.high=1", "env.guess_number.high: must be >= 2, got 1"),
              ("env.guess_number.hgh=3", "unknown config key 'env.guess_number.hgh'"),
              ("env.guess_number.high=many", "env.guess_number.high: expected an integer"))
     for override, want in cases:
-        with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
-            raw = compose("config", overrides=open_sections(["env.name=guess_number", override]))
+        raw = compose_config("env.name=guess_number", override)
         with pytest.raises(ConfigError) as e:
-            build_config(OmegaConf.to_container(raw, resolve=True), 1)
+            build_config(raw, 1)
         assert want in str(e.value) and "\n" not in str(e.value)
     override, want = cases[1]
     p = _train(tmp_path / "bad", "env.name=guess_number", override)

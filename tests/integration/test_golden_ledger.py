@@ -24,18 +24,14 @@ import pytest
 from esopt_mp.config import build_config
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden_default_ledger.json"
-CONFIGS = Path(__file__).resolve().parent.parent.parent / "configs"
 STEPS = 2
 FIELDS = ("step", "seeds", "signs", "sigma", "alpha", "returns")
 
 
 def _default_config(run_dir: str):
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from tests.fixtures.configs import compose_config
 
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        raw = OmegaConf.to_container(compose("config", overrides=[f"run.dir={run_dir}"]), resolve=True)
-    return build_config(raw, 1)
+    return build_config(compose_config(f"run.dir={run_dir}"), 1)
 
 
 def _weights(trainer) -> dict:

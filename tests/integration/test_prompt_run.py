@@ -156,15 +156,10 @@ def test_default_prompt_section_keeps_the_hash():
 
 
 def test_eoh_es_profile_composes_with_the_test_time_sigma_schedule():
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     from esopt_mp.es import Schedule
+    from tests.fixtures.configs import compose_config
 
-    configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
-    with initialize_config_dir(config_dir=configs, version_base="1.3"):
-        cfg = build_config(OmegaConf.to_container(compose("config", overrides=["+experiment=ahd_eoh_es"]),
-                                                  resolve=True), 1)
+    cfg = build_config(compose_config("+experiment=ahd_eoh_es"), 1)
     s = cfg.es.sigma
     assert (cfg.prompt.optimiser, cfg.prompt.mode, cfg.env.name) == ("eoh", "joint", "heuristic")
     from esopt_mp.trainer import _schedule

@@ -205,16 +205,13 @@ def test_algo_config_validation_and_hash():
 
 
 def test_default_config_composes_with_each_algo():
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from tests.fixtures.configs import compose_config
 
-    cdir = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
-    with initialize_config_dir(config_dir=cdir, version_base="1.3"):
-        for name in ("es", "grpo", "ppo"):
-            cfg = build_config(OmegaConf.to_container(compose("config", overrides=[f"algo={name}"]), resolve=True))
-            assert cfg.algo.name == name
-        grpo = build_config(OmegaConf.to_container(compose("config", overrides=["algo=grpo"]), resolve=True)).algo
-        assert (grpo.beta, grpo.clip, grpo.generations) == (1e-3, 0.2, 8)
+    for name in ("es", "grpo", "ppo"):
+        cfg = build_config(compose_config(f"algo={name}"))
+        assert cfg.algo.name == name
+    grpo = build_config(compose_config("algo=grpo")).algo
+    assert (grpo.beta, grpo.clip, grpo.generations) == (1e-3, 0.2, 8)
 
 
 def test_rollouts_sample_from_the_distribution_the_loss_scores():

@@ -188,17 +188,10 @@ def test_game_that_downloads_nltk_data_is_refused_offline():
 
 
 def test_long_horizon_profile_validates():
-    import os
+    from esopt_mp.config import build_config
+    from tests.fixtures.configs import compose_config
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from esopt_mp.config import build_config, open_sections
-
-    configs = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
-    with initialize_config_dir(config_dir=os.path.abspath(configs), version_base="1.3"):
-        data = compose("config", overrides=open_sections(["+experiment=textarena_long_tiny"]))
-    cfg = build_config(OmegaConf.to_container(data, resolve=True), 1)
+    cfg = build_config(compose_config("+experiment=textarena_long_tiny"), 1)
     section = cfg.env.sections["textarena"]
     assert (cfg.env.name, section.game, cfg.env.max_turns, section.error_allowance) == ("textarena",
                                                                                         "2048-v0-mega-easy", 24, 24)

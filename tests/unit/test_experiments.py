@@ -2,28 +2,24 @@ import json
 import os
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-
 from esopt_mp.agent.episodes import load_tasks
 from esopt_mp.config import ConfigError, build_config, open_sections
 from esopt_mp.data import resolve
 from esopt_mp.identity import config_hash
+from tests.fixtures.configs import compose_config
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 
 
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=os.path.abspath(CONFIGS), version_base="1.3"):
-        return OmegaConf.to_container(compose("config", overrides=open_sections(list(overrides))), resolve=True)
 
 
 def test_embedded_default_composes():
-    cfg = build_config(_compose(), 1)
+    cfg = build_config(compose_config(), 1)
     # the embedded default's config hash as it was before environments had their own sections: its runs resume
     assert config_hash(cfg) == "e7cd39145205692f"
     assert cfg.model.path == "builtin:tiny_agent" and cfg.objective.name == "agent" and cfg.env.sudoku.hints
-    fast = build_config(_compose("model=tiny", "objective=target_logprob"), 1)
+    fast = build_config(compose_config("model=tiny", "objective=target_logprob"), 1)
     assert fast.model.path is None and fast.objective.name == "target_logprob"
     assert os.path.isfile(os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent",
                                        "model.safetensors"))
@@ -39,7 +35,7 @@ def test_experiment_profiles(name, env, population, monkeypatch, tmp_path):
     work.mkdir(parents=True)
     monkeypatch.chdir(work)
     assert not os.path.exists(os.path.join("..", "shared"))
-    cfg = build_config(_compose(f"+experiment={name}"), 1)
+    cfg = build_config(compose_config(f"+experiment={name}"), 1)
     assert (cfg.env.name, cfg.es.population, cfg.model.dtype, cfg.es.master) == (env, population, "bfloat16", "fp32_host")
     if cfg.env.train_path is not None:
         assert cfg.env.train_path.startswith("data:")  # the hash sees the same string on every machine
@@ -59,14 +55,14 @@ def test_esopt_data_overrides_the_shipped_root(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ESOPT_DATA", str(tmp_path / "mine"))
     with pytest.raises(ConfigError, match=r"env.train_path: no data file 'math/dapo_evolve.jsonl' under \$ESOPT_DATA"):
-        build_config(_compose("+experiment=math_4b"), 1)
+        build_config(compose_config("+experiment=math_4b"), 1)
     for split, first in (("dapo_evolve", 0), ("dapo_test", 100)):
         rows = [{"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)}
                 for i in range(first, first + 20)]
         path = tmp_path / "mine" / "math" / f"{split}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = build_config(_compose("+experiment=math_4b", "env.n_train=16", "env.n_eval=4"), 1)
+    cfg = build_config(compose_config("+experiment=math_4b", "env.n_train=16", "env.n_eval=4"), 1)
     assert resolve(cfg.env.train_path) == str(tmp_path / "mine" / "math" / "dapo_evolve.jsonl")
     train, _ = load_tasks(cfg.env)
     assert [t["id"] for t in train] == [f"q{i}" for i in range(16)]
@@ -74,11 +70,11 @@ def test_esopt_data_overrides_the_shipped_root(monkeypatch, tmp_path):
 
 def test_webarena_profiles_validate():
     """The paper's setting (G=8, sigma 1.5e-3 constant, alpha 2.5e-4, 70 steps) and the CPU demo variant."""
-    cfg = build_config(_compose("+experiment=webarena_27b"), 4)
+    cfg = build_config(compose_config("+experiment=webarena_27b"), 4)
     assert (cfg.env.name, cfg.es.population, cfg.es.steps, cfg.es.mirrored) == ("webarena_lite", 8, 70, False)
     assert (cfg.es.sigma.kind, cfg.es.sigma.start, cfg.es.alpha.start) == ("constant", 1.5e-3, 2.5e-4)
     assert (cfg.env.webarena_lite.suite, cfg.env.webarena_lite.split, cfg.env.webarena_lite.max_browsers) == ("webarena_lite", "all", 8)
-    tiny = build_config(_compose("+experiment=webarena_tiny"), 1)
+    tiny = build_config(compose_config("+experiment=webarena_tiny"), 1)
     assert (tiny.env.webarena_lite.suite, tiny.model.path) == ("demo", "builtin:tiny_agent")
     train, held = load_tasks(tiny.env)
     assert len(train) == 4 and len(held) == 2 and not {t["id"] for t in train} & {t["id"] for t in held}
@@ -87,14 +83,14 @@ def test_webarena_profiles_validate():
 def test_env_sections_and_absent_keys_compose_from_plain_overrides():
     """``env.name=docvqa env.docvqa.tesseract=...`` (any environment's section, present in the tree or not) and any
     dataclass field the YAML does not write (its default) are plain overrides, not "Key ... is not in struct"."""
-    raw = _compose("env.name=docvqa", "env.docvqa.observation_chars=123", "env.webarena_lite.max_browsers=2",
+    raw = compose_config("env.name=docvqa", "env.docvqa.observation_chars=123", "env.webarena_lite.max_browsers=2",
                    "env.sandbox.wall_s=5", "env.episode_timeout_s=900", "env.env_workers=3", "es.weight_decay=0.1",
                    "run.keep_checkpoints=0", "run.seed=7", "parallel.timeout_s=60", "model.tiny.head_dim=32")
     assert (raw["env"]["docvqa"]["observation_chars"], raw["env"]["webarena_lite"]["max_browsers"],
             raw["env"]["sandbox"]["wall_s"], raw["env"]["episode_timeout_s"], raw["es"]["weight_decay"],
             raw["run"]["keep_checkpoints"], raw["run"]["seed"], raw["parallel"]["timeout_s"],
             raw["model"]["tiny"]["head_dim"]) == (123, 2, 5, 900, 0.1, 0, 7, 60, 32)
-    cfg = build_config(_compose("env.name=math_react"), 1)
+    cfg = build_config(compose_config("env.name=math_react"), 1)
     assert config_hash(build_config(cfg.to_dict(), 1)) == config_hash(cfg)  # config.json rebuilds the run
 
 
@@ -130,7 +126,7 @@ def test_group_files_write_only_what_differs_from_the_dataclass_defaults():
             found += [f"{group}/{os.path.basename(path)}:{k[1:]}" for k in repeated({group: tree}, defaults, "")]
     found = [f for f in found if not f.endswith("env.sudoku.size")]  # kept: the unused section other envs carry
     assert not found, f"YAML repeats dataclass defaults: {found}"
-    assert dataclasses.asdict(build_config(_compose(), 1).prompt) == dataclasses.asdict(
+    assert dataclasses.asdict(build_config(compose_config(), 1).prompt) == dataclasses.asdict(
         __import__("esopt_mp.prompt.config", fromlist=["PromptConfig"]).PromptConfig())
 
 
@@ -142,7 +138,7 @@ def test_es_seed_is_refused_naming_run_seed():
             call()
     assert config_hash(build_config({"run": {"seed": 0}})) == "c999d5ed83fd066a"  # runs from before keep theirs
     assert config_hash(build_config({"run": {"seed": 3}})) != "c999d5ed83fd066a"
-    assert build_config(_compose("run.seed=3"), 1).run.seed == 3
+    assert build_config(compose_config("run.seed=3"), 1).run.seed == 3
 
 
 def test_a_key_that_moved_into_its_environments_section_names_the_new_spelling():
@@ -164,28 +160,28 @@ def test_a_key_that_moved_into_its_environments_section_names_the_new_spelling()
 
 def test_prompt_section_composes_from_plain_overrides():
     """``prompt.optimiser=skill prompt.skill.url=...`` are plain overrides though no YAML writes the section."""
-    assert "prompt" not in _compose()  # its defaults are PromptConfig's, written once
-    cfg = build_config(_compose("prompt.optimiser=skill", "prompt.skill.proposer=endpoint", "prompt.skill.model=m",
+    assert "prompt" not in compose_config()  # its defaults are PromptConfig's, written once
+    cfg = build_config(compose_config("prompt.optimiser=skill", "prompt.skill.proposer=endpoint", "prompt.skill.model=m",
                                 "prompt.skill.url=http://127.0.0.1:9", "prompt.skill.timeout_s=5"), 1)
     assert (cfg.prompt.optimiser, cfg.prompt.skill.url, cfg.prompt.skill.timeout_s) == ("skill", "http://127.0.0.1:9", 5)
-    assert config_hash(build_config(_compose(), 1)) == config_hash(build_config(_compose("prompt.optimiser=none"), 1))
+    assert config_hash(build_config(compose_config(), 1)) == config_hash(build_config(compose_config("prompt.optimiser=none"), 1))
 
 
 def test_an_env_docvqa_override_reaches_the_config_check():
     """``env.name=docvqa env.docvqa.tesseract=...`` as launch/train.py takes it (open_sections, Hydra, build_config):
     the key reaches the check that names it, not Hydra's "not in struct"."""
     with pytest.raises(ConfigError, match=r"^env\.docvqa\.tesseract: '/nonexistent/tesseract' not found; install it"):
-        build_config(_compose("env.name=docvqa", "env.docvqa.tesseract=/nonexistent/tesseract"), 1)
+        build_config(compose_config("env.name=docvqa", "env.docvqa.tesseract=/nonexistent/tesseract"), 1)
 
 
 def test_greedy_repeats_are_refused_naming_the_keys():
     with pytest.raises(ConfigError, match=r"env\.eval_repeats: 4 samples per question with env\.eval_temperature=0"):
-        build_config(_compose("env.eval_repeats=4"), 1)
-    assert build_config(_compose("env.eval_repeats=4", "env.eval_temperature=0.7"), 1).env.eval_repeats == 4
+        build_config(compose_config("env.eval_repeats=4"), 1)
+    assert build_config(compose_config("env.eval_repeats=4", "env.eval_temperature=0.7"), 1).env.eval_repeats == 4
 
 
 @pytest.mark.parametrize("arg, known", [("engine.top_pp=0.9", "'top_p'"), ("env.sandbox.wal_s=5", "'wall_s'"),
                                         ("es.sigma.strat=0.1", "'start'")])
 def test_a_misspelt_key_of_a_section_is_refused_by_name_not_by_hydras_struct_error(arg, known):
     with pytest.raises(ConfigError, match=rf"unknown config key '{arg.split('=')[0]}'; known keys here: .*{known}"):
-        build_config(_compose(arg), 1)
+        build_config(compose_config(arg), 1)

@@ -234,15 +234,9 @@ def test_endpoint_proposer_posts_chat_completions(monkeypatch):
 
 
 def test_webarena_skill_profile_composes():
-    import os
+    from tests.fixtures.configs import compose_config
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    configs = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
-    with initialize_config_dir(config_dir=configs, version_base="1.3"):
-        cfg = build_config(OmegaConf.to_container(compose("config", overrides=["+experiment=webarena_skill"]),
-                                                  resolve=True))
+    cfg = build_config(compose_config("+experiment=webarena_skill"))
     assert (cfg.prompt.optimiser, cfg.env.name, cfg.prompt.skill.batch) == ("skill", "webarena_lite", 4)
 
 

@@ -124,8 +124,13 @@ class RunConfig:
     keep_checkpoints: int = 2  # newest complete checkpoints kept after each save (0: keep all)
     checkpoint_async: bool = True  # write checkpoints in the background (one host copy of the local state meanwhile)
     seed: int = 0  # the run seed of every trainer: ES members' noise, tasks, episodes, evaluation streams
+    loggers: list[str] = dataclasses.field(default_factory=list)  # trackers beside metrics.jsonl (esopt_mp/trackers)
+    dry_run: bool = False  # check what a start checks (esopt_mp/startup.py), then exit without training
 
     def validate(self, key: str = "run") -> None:
+        from esopt_mp.trackers import check_loggers
+
+        check_loggers(self.loggers, f"{key}.loggers")
         check(0 <= self.seed < 2**64, f"{key}.seed", f"must be in [0, 2**64), got {self.seed}")
         check(self.degenerate_steps >= 1, f"{key}.degenerate_steps", f"must be >= 1, got {self.degenerate_steps}")
         check(self.keep_checkpoints >= 0, f"{key}.keep_checkpoints", f"must be >= 0, got {self.keep_checkpoints}")
@@ -154,7 +159,7 @@ class TrainConfig:
                     raise
                 except ValueError as e:  # sections defined beside their component (prompt) name the key too
                     raise ConfigError(str(e)) from None
-        p = self.parallel
+        p = self.parallel.resolve_(world_size)
         if world_size is not None:
             check_layout(p.dp, p.tp, world_size)
         if self.engine.name == "vllm":

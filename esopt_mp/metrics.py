@@ -20,44 +20,45 @@ def setup_logging(rank: int, level: str = "INFO") -> None:
     # every HTTP request a harness's client makes is an INFO line of its HTTP library (httpx; httpx2 under openai 3)
     for noisy in ("transformers", "torch.distributed", "httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    from esopt_mp.progress import interactive
+
+    if not interactive():  # a batch log: no library's progress bar either (transformers' weight loading)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 class MetricsWriter:
-    """Rank 0: one JSON object per record in ``path`` and, when tensorboard is installed, its
-    scalars under ``<dir>/tensorboard``. A no-op on the other ranks."""
+    """Rank 0: one JSON object per record in ``path``, and the same scalars to the trackers ``loggers`` names
+    (``run.loggers``: tensorboard, wandb, mlflow; :mod:`esopt_mp.trackers`). A no-op on the other ranks."""
 
-    SCALARS = ("return_mean", "return_max", "failed", "sigma", "alpha", "rollout_s", "step_s", "comm_bytes_total")
-
-    def __init__(self, path: str, rank: int, tensorboard: bool = True):
+    def __init__(self, path: str, rank: int, loggers: list[str] = (), config: dict | None = None):
         self.path, self.enabled = path, rank == 0
-        self.tb = None
+        self.trackers = []
         if self.enabled:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            if tensorboard:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
+            if loggers:
+                from esopt_mp.trackers import build_trackers
 
-                    self.tb = SummaryWriter(os.path.join(os.path.dirname(os.path.abspath(path)), "tensorboard"))
-                except ImportError:
-                    logging.getLogger(__name__).info("tensorboard not installed: metrics go to %s only", path)
+                self.trackers = build_trackers(list(loggers), os.path.dirname(os.path.abspath(path)), config or {})
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            if "step" in record:
-                for k in self.SCALARS:
-                    if isinstance(record.get(k), (int, float)):
-                        self.tb.add_scalar(f"train/{k}", record[k], record["step"])
-            if "eval" in record:
-                self.tb.add_scalar("eval/score", record["eval"], record["eval_step"])
-            self.tb.flush()
+        if self.trackers:
+            from esopt_mp.trackers import scalars
+
+            shown = scalars(record)
+            if shown is not None:
+                for t in self.trackers:
+                    t.log(*shown)
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        for t in self.trackers:
+            t.close()
+        self.trackers = []
 
 
 def summary_screen(s: dict) -> str:
@@ -78,10 +79,11 @@ def summary_screen(s: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_run(metrics_path: str, out_png: str) -> str | None:
-    """Train return, held-out score, sigma (the baselines: KL) and time per step from ``metrics.jsonl`` into one
-    PNG."""
+def plot_run(metrics_path: str, out_png: str, title: str = "") -> str | None:
+    """Returns (training mean/max and held-out, on one step axis), sigma (the baselines: KL) and seconds per step
+    from ``metrics.jsonl`` into one PNG titled ``title`` (the run and its settings)."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure registry to import
+    from matplotlib.ticker import MaxNLocator
 
     steps, evals = [], []
     with open(metrics_path) as f:
@@ -93,26 +95,34 @@ def plot_run(metrics_path: str, out_png: str) -> str | None:
                 evals.append(r)
     if not steps:
         return None
-    fig = Figure(figsize=(10, 6.5))
-    ax = fig.subplots(2, 2)
+    fig = Figure(figsize=(13, 4.2))
+    ax = fig.subplots(1, 3)
     x = [r["step"] for r in steps]
-    ax[0, 0].plot(x, [r["return_mean"] for r in steps], label="mean")
-    ax[0, 0].plot(x, [r["return_max"] for r in steps], label="max", alpha=0.6)
-    ax[0, 0].set_title("train return over the population")
-    ax[0, 0].legend()
-    ax[0, 1].plot([r["eval_step"] for r in evals], [r["eval"] for r in evals], "o-")
-    ax[0, 1].set_title("held-out score (sigma = 0)")
+    ax[0].plot(x, [r["return_mean"] for r in steps], label="training, population mean")
+    ax[0].plot(x, [r["return_max"] for r in steps], label="training, best member", alpha=0.6)
+    ax[0].plot([r["eval_step"] for r in evals], [r["eval"] for r in evals], "o-", color="black",
+               label="held-out (unperturbed weights)")
+    ax[0].set_title("return")
+    ax[0].set_ylabel("mean episode return")
+    ax[0].legend(fontsize=7, loc="best", framealpha=0.85)
     third = next((k for k in ("sigma", "kl") if k in steps[0]), None)  # ES: sigma; the baselines: KL to the reference
     if third is not None:
-        ax[1, 0].plot(x, [r.get(third, math.nan) for r in steps])
-        ax[1, 0].set_title({"sigma": "sigma", "kl": "KL to the reference policy"}[third])
-    ax[1, 1].plot(x, [r["step_s"] for r in steps], label="step")
-    ax[1, 1].plot(x, [r["rollout_s"] for r in steps], label="rollouts")
-    ax[1, 1].set_title("seconds per step")
-    ax[1, 1].legend()
+        ax[1].plot(x, [r.get(third, math.nan) for r in steps], marker="." if len(x) < 30 else None)
+        ax[1].set_title({"sigma": "noise scale sigma", "kl": "KL to the reference policy"}[third])
+        ax[1].set_ylabel({"sigma": "sigma (std of the perturbation)", "kl": "KL (nats per token)"}[third])
+        ax[1].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    ax[2].plot(x, [r["step_s"] for r in steps], label="whole step")
+    ax[2].plot(x, [r["rollout_s"] for r in steps], label="rollouts")
+    ax[2].set_title("time per step")
+    ax[2].set_ylabel("seconds")
+    ax[2].set_ylim(bottom=0)
+    ax[2].legend(fontsize=8)
     for a in ax.flat:
         a.set_xlabel("step")
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
         a.grid(alpha=0.3)
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.95, hspace=0.4, wspace=0.2)  # tight_layout's
-    fig.savefig(out_png, dpi=90)  # result for this fixed grid, without measuring every text
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.83 if title else 0.9, wspace=0.25)  # a fixed
+    fig.savefig(out_png, dpi=90)  # layout: tight_layout's result for this grid, without measuring every text
     return out_png

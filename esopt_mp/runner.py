@@ -15,9 +15,8 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 import torch
-from tqdm.auto import tqdm
-
 from esopt_mp.metrics import plot_run, summary_screen
+from esopt_mp.progress import StepProgress
 
 if TYPE_CHECKING:
     from esopt_mp.config import TrainConfig
@@ -115,16 +114,40 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
     before = trainer.evaluate()
     metrics.write({"eval_step": trainer.start_step, "eval": before})
     log.info("held-out score at step %d: %.4f", trainer.start_step, before)
-    bar = tqdm(range(trainer.start_step, steps), desc=f"{name.upper()} steps", disable=dims.rank != 0,
-               dynamic_ncols=True, initial=trainer.start_step, total=steps)
-    for t in bar:
+    progress = StepProgress(name, trainer.start_step, steps, enabled=dims.rank == 0)
+    try:
+        stopped = _steps(trainer, stop, progress)
+    finally:
+        progress.close()
+    if stopped is not None:
+        return stopped
+    after = trainer.evaluate()
+    metrics.write({"eval_step": steps, "eval": after})
+    summary = {"eval_before": before, "eval_after": after, "steps": steps, "resumed_from": trainer.start_step,
+               "seconds": time.perf_counter() - t_start,
+               "comm_bytes_per_step": trainer.comm.total / max(1, steps - trainer.start_step)}
+    memory = peak_memory()  # of the training, before an export's copies
+    summary = {**summary, **trainer.finish(), **memory}
+    metrics.write({"summary": summary})
+    if dims.rank == 0:
+        plot_run(metrics.path, os.path.join(run_cfg.dir, "training.png"), title=run_title(trainer.cfg))
+        print(summary_screen(summary), file=sys.stderr)
+    log.info("%s held-out score: %.4f -> %.4f over %d steps", name.upper(), before, after, steps)
+    return summary
+
+
+def _steps(trainer: Trainer, stop: Stop, progress: StepProgress) -> dict | None:
+    """The steps, each logged, evaluated and checkpointed at its cadence; ``{"stopped_at": n}`` on a stop."""
+    run_cfg, dims, metrics, steps = trainer.cfg.run, trainer.dims, trainer.metrics, trainer.steps
+    for t in range(trainer.start_step, steps):
         rec = trainer.step(t)
-        bar.set_postfix(ret=f"{rec['return_mean']:.4f}",
-                        **{k: f"{rec[k]:.1e}" for k in ("sigma", "kl") if isinstance(rec.get(k), (int, float))})
         if t % run_cfg.log_every == 0 or t == steps - 1:
             metrics.write(rec)
+        held_out = None
         if run_cfg.eval_every and (t + 1) % run_cfg.eval_every == 0 and t + 1 < steps:
-            metrics.write({"eval_step": t + 1, "eval": trainer.evaluate()})
+            held_out = trainer.evaluate()
+            metrics.write({"eval_step": t + 1, "eval": held_out})
+        progress.step(t, rec, held_out)
         last = t + 1 == steps
         stopping = dims.comm.any(stop.requested)  # one verdict for all ranks, at the step boundary
         if stopping or last or (run_cfg.checkpoint_every and (t + 1) % run_cfg.checkpoint_every == 0):
@@ -138,16 +161,18 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
                         "rerun the same command to resume" if trainer.resumes else
                         f"{trainer.name.upper()} runs do not resume: a rerun starts in a new run.dir")
             return {"stopped_at": t + 1}
-    after = trainer.evaluate()
-    metrics.write({"eval_step": steps, "eval": after})
-    summary = {"eval_before": before, "eval_after": after, "steps": steps, "resumed_from": trainer.start_step,
-               "seconds": time.perf_counter() - t_start,
-               "comm_bytes_per_step": trainer.comm.total / max(1, steps - trainer.start_step)}
-    memory = peak_memory()  # of the training, before an export's copies
-    summary = {**summary, **trainer.finish(), **memory}
-    metrics.write({"summary": summary})
-    if dims.rank == 0:
-        plot_run(metrics.path, os.path.join(run_cfg.dir, "training.png"))
-        print(summary_screen(summary), file=sys.stderr)
-    log.info("%s held-out score: %.4f -> %.4f over %d steps", name.upper(), before, after, steps)
-    return summary
+    return None
+
+
+def run_title(cfg: TrainConfig) -> str:
+    """The plot's title: the run's name and the settings that tell runs apart."""
+    model = cfg.model.path or f"tiny {cfg.model.tiny.arch}"
+    model = os.path.basename(model.rstrip("/")) if "/" in model else model.replace("builtin:", "")
+    algo = cfg.algo.name.upper()
+    if cfg.algo.name == "es":
+        pop = f"G={cfg.es.population}, sigma {cfg.es.sigma.start:.1e}->{cfg.es.sigma.end:.1e} ({cfg.es.sigma.kind})"
+    else:
+        pop = f"lr {cfg.algo.lr:.1e}"
+    what = cfg.env.name if cfg.objective.name in ("agent", "harness") else cfg.objective.name
+    return (f"{os.path.basename(os.path.abspath(cfg.run.dir))}: {algo} on {what}, {model}, {pop}, "
+            f"dp={cfg.parallel.dp} tp={cfg.parallel.tp}")

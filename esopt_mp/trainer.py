@@ -31,6 +31,7 @@ from esopt_mp.es.perturber import exact_restore
 from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.ledger import updates_digest
 from esopt_mp.metrics import MetricsWriter
+from esopt_mp.progress import interactive
 from esopt_mp.models import build_shards, load_model, resolve_model_dir
 from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
@@ -69,7 +70,8 @@ class ESTrainer:
         self.cfg, self.dims = cfg, dims
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
         os.makedirs(cfg.run.dir, exist_ok=True)
-        self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
+        self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank,
+                                     cfg.run.loggers, cfg.to_dict())
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.name in ("agent", "harness"))
         self.base_path = path
         es = cfg.es
@@ -230,7 +232,8 @@ class ESTrainer:
         # a subtract restore leaves its rounding in the weights: every rank applies every member's perturb/restore in
         # member order (other dp groups' as noise passes only), so replicas, layouts and replay agree bit for bit
         order = range(es.population) if perturbed and not exact_restore(es.restore, es.master) else sorted(mine)
-        for m in tqdm(order, desc=f"step {t} members", leave=False, disable=dims.rank != 0 or es.population < 4):
+        for m in tqdm(order, desc=f"step {t} members", leave=False, disable=dims.rank != 0 or es.population < 4
+                      or not interactive()):
             t1 = time.perf_counter()
             if perturbed:
                 self.perturber.perturb(seeds[m], sigma, signs[m])

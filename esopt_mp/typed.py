@@ -7,6 +7,7 @@ Shared by the run config (:mod:`esopt_mp.config`) and the environments' own sect
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from typing import Any
@@ -24,7 +25,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        return _coerce(value, next(a for a in args if a is not type(None)), key)
+        kinds = [a for a in args if a is not type(None)]
+        for a in kinds[:-1]:  # the first member that takes the value (``int | str``: 2 is an int, "auto" a string)
+            try:
+                return _coerce(value, a, key)
+            except ConfigError:
+                pass
+        return _coerce(value, kinds[-1], key)
     if origin is list or tp is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
@@ -68,9 +75,16 @@ def from_dict(cls, data: Any, prefix: str = "", _plain: bool = False):
     for k in data:
         if k not in names:
             where = f"{prefix}.{k}" if prefix else k
-            raise ConfigError(f"unknown config key '{where}'; known keys here: {sorted(names)}")
+            raise ConfigError(f"unknown config key '{where}'{did_you_mean(str(k), names, prefix)}; "
+                              f"known keys here: {sorted(names)}")
     kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
     return cls(**kwargs)
+
+
+def did_you_mean(word: str, choices, prefix: str = "") -> str:
+    """``" (did you mean 'es.population'?)"`` for the closest of ``choices`` to a misspelt ``word``, else ``""``."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
 
 
 def check(cond: bool, key: str, msg: str) -> None:

@@ -1,11 +1,13 @@
 """Training entry point: compose config -> discover ranks -> build the trainer -> run it (esopt_mp.runner) -> close.
 
     python launch/train.py                                   # embedded default, CPU (ES)
+    python launch/train.py --help                            # groups, profiles, the main keys
+    python launch/train.py run.dry_run=true                  # every start-up check, no training
     python launch/train.py algo=grpo                         # the same agent and tasks, GRPO (or algo=ppo)
-    deepspeed --num_gpus 4 launch/train.py parallel.launcher=deepspeed parallel.dp=4 algo=grpo algo.zero_stage=2
-    torchrun --nproc_per_node 4 launch/train.py parallel.tp=2 parallel.dp=2
-    deepspeed --num_gpus 4 launch/train.py parallel.launcher=deepspeed parallel.tp=2 parallel.dp=2
-    srun python launch/train.py ...   /   mpirun -np 2 python launch/train.py parallel.dp=2
+    deepspeed --num_gpus 4 launch/train.py parallel.launcher=deepspeed algo=grpo algo.zero_stage=2
+    torchrun --nproc_per_node 4 launch/train.py parallel.tp=2          # parallel.dp=auto: 4 / 2 = 2 groups
+    deepspeed --num_gpus 4 launch/train.py parallel.launcher=deepspeed parallel.tp=2
+    srun python launch/train.py ...   /   mpirun -np 2 python launch/train.py
 """
 from __future__ import annotations
 
@@ -20,15 +22,27 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 
-def _check_algo_arg() -> None:
-    """``algo=foo``: one clear line instead of Hydra's missing-config-group traceback."""
-    from esopt_mp.config import ALGOS
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
-    for arg in sys.argv[1:]:
-        key, _, value = arg.lstrip("+").partition("=")
-        if key == "algo" and value not in ALGOS:
-            print(f"algo: unknown algorithm {value!r}; known: {', '.join(ALGOS)}", file=sys.stderr)
-            sys.exit(2)
+
+def _explain_args() -> None:
+    """``--help``: the groups, the profiles, the main keys; an override Hydra would answer with a traceback (an
+    unknown group option, a profile without ``+``, an unknown top-level key): one line, exit 2."""
+    from esopt_mp.cli import check_overrides, help_text
+    from esopt_mp.config import ConfigError
+
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+            composed = OmegaConf.to_container(compose("config"), resolve=True)
+        print(help_text(CONFIGS, composed={k: v for k, v in composed.items() if k != "hydra"}))
+        sys.exit(0)
+    try:
+        check_overrides(sys.argv[1:], CONFIGS)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _open_env_sections() -> None:
@@ -53,6 +67,29 @@ def _strip_launcher_args() -> None:
     sys.argv[1:] = keep
 
 
+def _log_threads(dims, threads: tuple[int, str]) -> None:
+    """Rank 0 says which thread count each rank uses (gathered: ranks on other nodes may differ) and why."""
+    import logging
+
+    seen = dims.comm.all_gather_object((dims.rank, torch_threads(), threads[1]))
+    by = {}
+    for rank, n, why in seen:
+        by.setdefault((n, why), []).append(rank)
+    logging.getLogger("esopt_mp.launch").info(
+        "CPU threads per rank: %s", "; ".join(f"{n} on rank(s) {','.join(map(str, r))} ({why})"
+                                             for (n, why), r in sorted(by.items(), key=lambda kv: kv[1][0])))
+    if "TORCHELASTIC_RUN_ID" in os.environ and any(why == "OMP_NUM_THREADS" and n == 1 for _, n, why in seen) \
+            and (os.cpu_count() or 1) > dims.world_size:
+        logging.getLogger("esopt_mp.launch").info(
+            "OMP_NUM_THREADS=1 (torchrun sets it when unset): ESOPT_THREADS=N or OMP_NUM_THREADS=N uses more cores")
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(hcfg: DictConfig) -> None:
     import torch
@@ -62,28 +99,40 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.envs import StartupError
     from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
-    from esopt_mp.parallel import close_distributed, discover, init_distributed
+    from esopt_mp.parallel import close_distributed, cpu_threads, discover, init_distributed
     from esopt_mp.runner import run
+    from esopt_mp.startup import check_start, dry_run
     from esopt_mp.trainer import ESTrainer
 
     launch = discover()
     setup_logging(launch.rank)
     try:
         cfg = build_config(OmegaConf.to_container(hcfg, resolve=True), launch.world_size)
+        if cfg.run.dry_run:  # everything a start checks, then exit: no process group, no model, no step
+            report = dry_run(cfg, launch.world_size)
+            if launch.rank == 0:
+                print("\n".join(["dry run: every start-up check passed", *(f"  {line}" for line in report)]))
+            return
         if cfg.engine.name == "vllm":
             from esopt_mp.engine.vllm import preflight
 
             preflight(cfg)
+        check_start(cfg)  # run.dir writable, the model directory, the data files
     except (ValueError, RuntimeError, OSError) as e:  # bad config / engine=vllm cannot run here: one line
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    if not torch.cuda.is_available():
-        # ESOPT_THREADS wins (several runs sharing a machine; torchrun always sets OMP_NUM_THREADS=1, so not that);
-        # else this node's cores split over the ranks on this node
-        torch.set_num_threads(int(os.environ.get("ESOPT_THREADS")
-                                  or max(1, (os.cpu_count() or 1) // launch.local_world_size)))
+    threads = None
+    if not torch.cuda.is_available():  # ESOPT_THREADS, else OMP_NUM_THREADS, else the node's cores over its ranks
+        try:
+            threads = cpu_threads(launch.local_world_size)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        torch.set_num_threads(threads[0])
     dims = init_distributed(launch, cfg.parallel.dp, cfg.parallel.tp, backend=cfg.parallel.backend,
                             use_deepspeed=cfg.parallel.launcher == "deepspeed", timeout_s=cfg.parallel.timeout_s)
+    if threads is not None:
+        _log_threads(dims, threads)
     trainer, code, summary = None, 0, None
     try:
         try:
@@ -118,6 +167,6 @@ def main(hcfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     _strip_launcher_args()
-    _check_algo_arg()
+    _explain_args()
     _open_env_sections()
     main()

@@ -1,6 +1,9 @@
 #!/bin/bash
-# ES on Qwen3.5-4B Sudoku (the paper's H*=5 profile), one node, 4 GPUs: dp=4 x tp=1.
-# Several nodes: sbatch --nodes=2 slurm/sudoku_4b.sh ... (dp = all tasks, 8 here).
+# ES on Qwen3.5-4B Sudoku, one node, 4 GPUs: dp=4 x tp=1 (parallel.dp=auto: every task a dp group).
+#   sbatch slurm/sudoku_4b.sh                                   # the H*=5 profile (+experiment=sudoku_4b)
+#   PROFILE=sudoku_4b_h10 sbatch slurm/sudoku_4b.sh             # H*=10 (30 turns), or sudoku_4b_h15
+#   sbatch --nodes=2 slurm/sudoku_4b.sh model.path=/models/Qwen3.5-4B   # more overrides after the script
+# sbatch --export passes PROFILE too: sbatch --export=ALL,PROFILE=sudoku_4b_h15 slurm/sudoku_4b.sh
 #SBATCH --job-name=esopt-sudoku-4b
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
@@ -12,6 +15,9 @@
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.out
 set -euo pipefail
+PROFILE=${PROFILE:-sudoku_4b}
+for a in "$@"; do case "$a" in +experiment=*|experiment=*)
+  echo "error: the profile is a variable here: PROFILE=${a#*=} sbatch $0 (not $a)" >&2; exit 2;; esac; done
 export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}         # shared storage: checkpoints + ledger survive requeue
 # every task reads these (esopt_mp/parallel/launcher.py, srun branch): rank SLURM_PROCID of SLURM_NTASKS,
 # GPU SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE ranks on its node. srun of Slurm 22.05 (and some later) does not pass
@@ -20,8 +26,8 @@ export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
 set +e
-srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python launch/train.py +experiment=sudoku_4b \
-  parallel.dp=$SLURM_NTASKS parallel.tp=1 env.sudoku.mask_count=${HSTAR:-5} "$@"
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python launch/train.py +experiment="$PROFILE" \
+  parallel.tp=1 "$@"
 rc=$?
 set -e
 if [ $rc -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi   # resumes from run.dir on restart

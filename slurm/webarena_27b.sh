@@ -1,6 +1,7 @@
 #!/bin/bash
 # ES on Qwen3.5-27B WebArena-Lite, 4xH100 per node: tp=4 inside a node, dp = number of nodes.
 # Several nodes: sbatch --nodes=2 slurm/webarena_27b.sh (dp=2; the tp ranks of a group stay on one node).
+#   PROFILE=webarena_skill sbatch slurm/webarena_27b.sh         # another profile (default webarena_27b)
 #SBATCH --job-name=esopt-webarena-27b
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
@@ -12,6 +13,9 @@
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.out
 set -euo pipefail
+PROFILE=${PROFILE:-webarena_27b}
+for a in "$@"; do case "$a" in +experiment=*|experiment=*)
+  echo "error: the profile is a variable here: PROFILE=${a#*=} sbatch $0 (not $a)" >&2; exit 2;; esac; done
 # USR1 an hour before the limit: the trainer stops at the next step boundary (all ranks agree), checkpoints and
 # exits 75, and we requeue. The lead must exceed one ES step (8 members x up to 30 turns of 27B rollouts);
 # a step cut off by the time limit is only lost work (checkpoint_every=1 + the ledger), but no requeue happens.
@@ -29,11 +33,11 @@ PY=${ESOPT_WEB_PYTHON:-.venv-web/bin/python}
 # before any GPU work, with the run's own overrides: the offline browser stack, every site the run's task set
 # needs and (judged tasks included) the LLM judge; prints one JSON line naming what is missing.
 # Browsers per TP leader: env.webarena_lite.max_browsers (8 in the profile).
-"$PY" tools/webarena_tasks.py --preflight -- +experiment=webarena_27b parallel.tp=4 \
+"$PY" tools/webarena_tasks.py --preflight -- +experiment="$PROFILE" parallel.tp=4 \
   parallel.dp=$SLURM_NNODES "$@" || exit 1
 set +e
-srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" "$PY" launch/train.py +experiment=webarena_27b \
-  parallel.tp=4 parallel.dp=$SLURM_NNODES "$@"
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" "$PY" launch/train.py +experiment="$PROFILE" \
+  parallel.tp=4 "$@"
 rc=$?
 set -e
 if [ $rc -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi

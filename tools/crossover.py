@@ -120,33 +120,50 @@ def aggregate(results: list[dict]) -> dict:
     return out
 
 
-def plot(agg: dict, budget: int, path: str, xlabel: str) -> str:
-    import matplotlib
+def plot(agg: dict, budget: int, path: str, xlabel: str, horizons: list[int] | None = None,
+         methods: list[str] | None = None, title: str = "") -> str:
+    """Held-out return after training per horizon, one line per method, its band min..max over seeds. The x axis
+    has a tick only at each horizon of the plan (``horizons``); a method with no finished run at a horizon is
+    marked "not run" there, never interpolated."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    horizons = sorted(set(horizons or [int(h) for by_h in agg.values() for h in by_h]))
+    methods = list(methods or agg)
+    fig = Figure(figsize=(7.2, 4.6))
+    ax = fig.subplots()
     colors = {"es": "tab:blue", "grpo": "tab:orange", "ppo": "tab:green"}
-    before = None
-    for m, by_h in agg.items():
-        hs = sorted(by_h, key=int)
+    before, lowest = {}, min([v["min"] for by_h in agg.values() for v in by_h.values()] + [0.0])
+    for k, m in enumerate(methods):
+        by_h = agg.get(m, {})
+        hs = sorted((h for h in by_h if int(h) in horizons), key=int)
         x = [int(h) for h in hs]
-        mean = [by_h[h]["mean"] for h in hs]
-        n = sorted({by_h[h]["seeds"] for h in hs})
-        ax.plot(x, mean, "o-", color=colors.get(m), label=f"{m.upper()} ({'/'.join(map(str, n))} seeds)")
-        ax.fill_between(x, [by_h[h]["min"] for h in hs], [by_h[h]["max"] for h in hs], color=colors.get(m), alpha=0.15)
-        before = before or (x, [by_h[h]["before"] for h in hs])
+        if x:
+            n = sorted({by_h[h]["seeds"] for h in hs})
+            ax.plot(x, [by_h[h]["mean"] for h in hs], "o-", color=colors.get(m),
+                    label=f"{m.upper()} after training ({'/'.join(map(str, n))} seeds)")
+            ax.fill_between(x, [by_h[h]["min"] for h in hs], [by_h[h]["max"] for h in hs], color=colors.get(m),
+                            alpha=0.15)
+            for h in hs:
+                before.setdefault(int(h), by_h[h]["before"])
+        for h in horizons:
+            if str(h) not in by_h:
+                ax.plot([h], [lowest], "x", color=colors.get(m), ms=9)
+                right = h == horizons[-1] and len(horizons) > 1  # the label stays inside the axes
+                ax.annotate(f"{m.upper()} not run", (h, lowest), textcoords="offset points",
+                            xytext=(-6 if right else 6, 6 + 11 * k), ha="right" if right else "left", fontsize=8,
+                            color=colors.get(m))
     if before:
-        ax.plot(*before, "k:", label="before training")
+        xb = sorted(before)
+        ax.plot(xb, [before[h] for h in xb], "k:", label="before training")
+    ax.set_xticks(horizons)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("held-out return")
-    ax.set_title(f"tiny agent, {budget} training episodes per run (band: min..max over seeds)", fontsize=9)
+    ax.set_ylabel("held-out return (mean over held-out tasks)")
+    ax.set_title(title or f"tiny agent, {budget} training episodes per run and method (band: min..max over seeds)",
+                 fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(fontsize=8)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.92)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
@@ -171,8 +188,18 @@ def main() -> None:
     ap.add_argument("--out", default="runs/crossover")
     ap.add_argument("--report-only", action="store_true",
                     help="aggregate and plot the runs already finished under --out (the rest are listed as missing)")
+    ap.add_argument("--replot", metavar="JSON", help="redraw the plot of a crossover.json (beside it); nothing runs")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            rep = json.load(f)
+        key = rep.get("horizon_key", SUDOKU_HORIZON)
+        xlabel = "H* (blank cells, 4x4 Sudoku)" if key == SUDOKU_HORIZON else f"{key} ({rep.get('env')})"
+        print(plot(rep["success_after"], rep["budget_episodes_per_run"],
+                   os.path.join(os.path.dirname(os.path.abspath(args.replot)), "crossover.png"), xlabel,
+                   rep["horizons"], rep.get("methods") or list(METHODS)))
+        return
     args.out = os.path.abspath(args.out)
     runs = plan(args)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
@@ -198,9 +225,10 @@ def main() -> None:
     agg = aggregate(results)
     os.makedirs(args.out, exist_ok=True)
     xlabel = "H* (blank cells, 4x4 Sudoku)" if args.horizon_key == SUDOKU_HORIZON else f"{args.horizon_key} ({args.env})"
-    png = plot(agg, args.budget, os.path.join(args.out, "crossover.png"), xlabel)
+    png = plot(agg, args.budget, os.path.join(args.out, "crossover.png"), xlabel, args.horizons, args.methods)
     report = {"budget_episodes_per_run": args.budget, "episodes_per_step": args.es_population * args.es_episodes,
               "env": args.env, "horizon_key": args.horizon_key, "horizons": args.horizons, "seeds": args.seeds,
+              "methods": args.methods,
               "success_after": agg, "runs": results, "missing": missing,
               "plot": png,
               "seconds": round(time.perf_counter() - t0, 1)}

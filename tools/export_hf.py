@@ -21,9 +21,10 @@ def main() -> None:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from tools.replay import replay
+    from tools.replay import one_line_errors, replay
 
-    print(json.dumps({"out": replay(args.run_dir, args.out, use_checkpoint=True)}))
+    with one_line_errors(ap.prog):
+        print(json.dumps({"out": replay(args.run_dir, args.out, use_checkpoint=True)}))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ so a run trained at any dp x tp replays here bit-exactly, in every restore mode.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -31,8 +32,9 @@ def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = 
     from esopt_mp.models.export import export_hf
     from esopt_mp.parallel import ParallelDims
 
-    with open(os.path.join(run_dir, "config.json")) as f:
-        cfg = json.load(f)
+    from esopt_mp.startup import check_run_to_read
+
+    cfg = check_run_to_read(run_dir, base)
     base = base or cfg["base_model"]
     dims = ParallelDims(1, 1, 1)
     model = load_model(base, dims, cfg["model"]["dtype"])
@@ -69,7 +71,22 @@ def main() -> None:
     ap.add_argument("--base", help="base model directory (default: the one the run recorded)")
     ap.add_argument("--steps", type=int, help="replay only the first N steps")
     args = ap.parse_args()
-    print(json.dumps({"out": replay(args.run_dir, args.out, args.base, args.steps)}))
+    with one_line_errors(ap.prog):
+        print(json.dumps({"out": replay(args.run_dir, args.out, args.base, args.steps)}))
+
+
+@contextlib.contextmanager
+def one_line_errors(prog: str):
+    """A run directory that cannot be read (missing, not a run, no checkpoint, a bad ledger): one line, exit 2."""
+    from esopt_mp.checkpoint import CheckpointError
+    from esopt_mp.envs.base import StartupError
+    from esopt_mp.ledger import LedgerError
+
+    try:
+        yield
+    except (StartupError, CheckpointError, LedgerError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ class BaselineTrainer:
         self._refuse_a_stopped_run()
         self.seed = cfg.run.seed  # tasks, episodes and evaluation draw from its streams
         os.makedirs(cfg.run.dir, exist_ok=True)
-        self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank)
+        self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank,
+                                     cfg.run.loggers, cfg.to_dict())
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(path)

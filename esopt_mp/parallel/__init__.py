@@ -8,7 +8,7 @@ _EXPORTS = {
     "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "comm", "check_replicas": "comm", "first_failure": "comm",
     "gather_returns": "comm", "shard_checksum": "comm", "ParallelDims": "dims", "close_distributed": "dims",
     "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
-    "discover": "launcher", "first_slurm_host": "launcher",
+    "cpu_threads": "launcher", "discover": "launcher", "first_slurm_host": "launcher",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -173,3 +173,23 @@ def _checked(le: LaunchEnv) -> LaunchEnv:
         raise RuntimeError(f"{le.launcher}: local rank {le.local_rank} outside the {le.local_world_size} ranks "
                            "on this node")
     return le
+
+
+def cpu_threads(local_world_size: int, environ: Mapping[str, str] | None = None,
+                cores: int | None = None) -> tuple[int, str]:
+    """``(threads, why)`` for torch's intra-op pool on a CPU rank: ``ESOPT_THREADS``, else the user's
+    ``OMP_NUM_THREADS``, else this node's cores split over its ranks. torchrun sets ``OMP_NUM_THREADS=1`` where
+    the user left it unset, so that value is honoured too and the log says how to ask for more."""
+    env = os.environ if environ is None else environ
+    cores = cores or os.cpu_count() or 1
+    for var in ("ESOPT_THREADS", "OMP_NUM_THREADS"):
+        value = env.get(var, "").strip()
+        if value:
+            try:
+                n = int(value)
+            except ValueError:
+                raise RuntimeError(f"{var}={value!r}: expected a number of threads >= 1") from None
+            if n < 1:
+                raise RuntimeError(f"{var}={value!r}: expected a number of threads >= 1")
+            return n, var
+    return max(1, cores // max(1, local_world_size)), f"{cores} cores / {local_world_size} rank(s) on this node"

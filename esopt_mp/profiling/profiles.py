@@ -38,13 +38,10 @@ class ProfileOptions:
 
 
 def baselines_api():
-    """``(build_baseline, AlgoConfig)`` or a clear error if this checkout lacks part 2 of issue 9."""
-    try:
-        from esopt_mp.baselines import build_baseline
-        from esopt_mp.baselines.config import AlgoConfig
-    except ImportError as e:
-        raise RuntimeError(f"profiles grpo/ppo need esopt_mp.baselines.build_baseline and esopt_mp.config.AlgoConfig "
-                           f"(issue 9 part 2), missing in this checkout: {e}") from None
+    """``(build_baseline, AlgoConfig)``, imported only by the grpo/ppo profiles (they load the baselines' stack)."""
+    from esopt_mp.baselines import build_baseline
+    from esopt_mp.baselines.config import AlgoConfig
+
     return build_baseline, AlgoConfig
 
 

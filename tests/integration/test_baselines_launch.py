@@ -71,7 +71,7 @@ def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_p
 def test_unknown_algo_is_one_clear_line(tmp_path):
     proc = _run(["algo=foo"], tmp_path / "run")
     assert proc.returncode != 0
-    assert proc.stderr.strip() == "algo: unknown algorithm 'foo'; known: es, grpo, ppo"
+    assert proc.stderr.strip() == "error: algo: unknown algorithm 'foo'; known: es, grpo, ppo"
     # algo.name=foo, past Hydra: AlgoConfig.validate names the key (tests/unit/test_baselines.py)
 
 

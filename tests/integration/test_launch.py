@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def _summary(proc):
 
 
 def test_plain_python(tmp_path):
-    proc = _run([sys.executable, "launch/train.py", *SHORT], tmp_path / "run")
+    proc = _run([sys.executable, "launch/train.py", *SHORT, "run.loggers=[tensorboard]"], tmp_path / "run")
     s = _summary(proc)
     assert s["steps"] == 2 and s["comm_bytes_per_step"] == 0
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -41,13 +42,21 @@ def test_plain_python(tmp_path):
     assert (tmp_path / "run" / "training.png").stat().st_size > 10_000
     assert any((tmp_path / "run" / "tensorboard").iterdir())  # event file
     assert "held-out score" in proc.stderr and "ES comm / step" in proc.stderr  # the summary screen
+    # stderr is not a terminal: one plain line per step, no progress bar (no cursor escapes, no carriage returns)
+    assert [l.split("] ", 1)[1].split(" | ")[0] for l in proc.stderr.splitlines() if "ES step " in l] == \
+        ["ES step 1/2", "ES step 2/2"]
+    assert "\x1b[" not in proc.stderr and "\r" not in proc.stderr
+    assert re.search(r"CPU threads per rank: 1 on rank\(s\) 0 \((ESOPT|OMP_NUM)_THREADS\)", proc.stderr)
 
 
 def test_torchrun_tp2_dp2_agent_default(tmp_path):
     """The embedded default (tiny agent, Sudoku episodes) sharded tp=2 inside each of 2 dp groups."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
-           "launch/train.py", "parallel.tp=2", "parallel.dp=2", "parallel.checksum_every=1", *AGENT_SHORT]
-    s = _summary(_run(cmd, tmp_path / "run"))
+           "launch/train.py", "parallel.tp=2", "parallel.checksum_every=1", *AGENT_SHORT]  # dp=auto: 4 / 2
+    proc = _run(cmd, tmp_path / "run")
+    s = _summary(proc)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["parallel"]["dp"] == 2
+    assert re.search(r"CPU threads per rank: 1 on rank\(s\) 0,1,2,3 \((ESOPT|OMP_NUM)_THREADS\)", proc.stderr)
     # O(G + turns) bytes counted at our collectives (returns, stop flag, checksums, TP channel), never
     # O(parameters): a gradient all-reduce of this rank's shard would be 4 * params_local bytes
     assert s["steps"] == 2 and 0 < s["comm_bytes_per_step"] < 64 * 1024 < 4 * s["params_local"] // 10
@@ -58,7 +67,8 @@ def test_torchrun_tp2_dp2_agent_default(tmp_path):
 
 
 @pytest.mark.parametrize("override,line", [
-    ("parallel.tp=3", "error: parallel: parallel.dp * parallel.tp must equal the world size: 1 * 3 = 3 != 1"),
+    ("parallel.tp=3", "error: parallel.tp: parallel.dp=auto takes world size / tp: the world size 1 is not a "
+                      "multiple of tp=3"),
     ("env.gem=1", "error: env.gem=1: an environment's section takes keys, env.gem.<key>=value")],
     ids=["validated_config", "env_section"])
 def test_bad_config_fails_before_anything_is_built(tmp_path, override, line):
@@ -87,3 +97,73 @@ def test_mpirun(tmp_path):
            sys.executable, "launch/train.py", "parallel.dp=2", *SHORT]
     s = _summary(_run(cmd, tmp_path / "run"))
     assert s["steps"] == 2 and s["comm_bytes_per_step"] > 0
+
+
+def _one_line(proc, pattern):
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and re.fullmatch(pattern, lines[0]), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["experiment=sudoku_4b"], r"error: experiment: a profile is added to the defaults: write \+experiment=sudoku_4b "
+                               r"\(profiles: .*\)"),
+    (["es.populaton=8"], r"error: unknown config key 'es.populaton' \(did you mean 'es.population'\?\); known keys "
+                         r"here: \[.*\]"),
+    (["model.path=/nonexistent/Qwen3.5-4B"], r"error: model.path: /nonexistent/Qwen3.5-4B does not exist: point "
+                                             r"model.path at a local Hugging Face model directory .*"),
+    (["model.path={tmp}"], r"error: model.path: .* is not a model directory \(no config.json\): .*"),
+    (["run.dir={tmp}/a_file/run"], r"error: run.dir: cannot write .*a_file/run \(Not a directory\): set "
+                                   r"run.dir=PATH to a directory this user can write"),
+], ids=["profile_without_plus", "key_typo", "missing_model", "not_a_model", "unwritable_run_dir"])
+def test_a_mistake_at_the_command_line_is_one_line(tmp_path, args, pattern):
+    (tmp_path / "a_file").write_text("")
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, "launch/train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    _one_line(proc, pattern)
+    assert not os.path.exists(os.path.join(ROOT, "runs", "default", "ledger.jsonl")) or args  # nothing started
+
+
+def test_help_and_dry_run(tmp_path):
+    proc = subprocess.run([sys.executable, "launch/train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "experiment profiles (+experiment=PROFILE):" in proc.stdout
+    assert "  sudoku_4b_h10 " in proc.stdout and "  parallel.dp " in proc.stdout
+    proc = _run([sys.executable, "launch/train.py", "run.dry_run=true"], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == "dry run: every start-up check passed"
+    assert "  tasks: 256 training, 128 held-out" in proc.stdout.splitlines()
+    assert os.listdir(tmp_path / "run") == []  # no model built, no config, ledger, metrics or checkpoint
+
+
+@pytest.mark.parametrize("tool", ["replay.py", "export_hf.py"])
+def test_a_tool_on_a_missing_run_dir_is_one_line(tmp_path, tool):
+    proc = subprocess.run([sys.executable, f"tools/{tool}", "--run-dir", str(tmp_path / "nope"), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    _one_line(proc, rf"{tool}: error: .*nope: no such run directory: pass --run-dir the run.dir of a training run")
+
+
+def _slurm_stubs(tmp_path):
+    """srun/scontrol stand-ins on PATH: srun records the command it would run."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/srun.args\n')
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho node0\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_JOB_NODELIST="node0", SLURM_JOB_ID="7",
+                SLURM_CPUS_PER_TASK="8", SLURM_NTASKS="4", SLURM_NNODES="1", ESOPT_RUNS=str(tmp_path / "runs"))
+
+
+def test_slurm_scripts_take_the_profile_as_a_variable(tmp_path):
+    env = _slurm_stubs(tmp_path)
+    proc = subprocess.run(["bash", "slurm/sudoku_4b.sh", "es.steps=3"], cwd=ROOT, env=dict(env, PROFILE="sudoku_4b_h10"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args[args.index("launch/train.py") + 1:] == ["+experiment=sudoku_4b_h10", "parallel.tp=1", "es.steps=3"]
+    proc = subprocess.run(["bash", "slurm/sudoku_4b.sh", "+experiment=sudoku_4b_h10"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "error: the profile is a variable here: PROFILE=sudoku_4b_h10 sbatch slurm/sudoku_4b.sh (not " \
+        "+experiment=sudoku_4b_h10)"

@@ -185,13 +185,3 @@ def test_memprof_bad_inputs_one_line(tmp_path, capsys):
                        (["--shape", "tiny", "--batch", "3"], "--batch 3 must be a multiple of --group-size 2")):
         rc, out = _memprof(argv + ["--out", str(tmp_path / "o")], capsys)
         assert rc == 2 and out.err.count("\n") == 1 and text in out.err, out.err
-
-
-def test_memprof_baselines_missing_is_one_line(tmp_path, capsys):
-    try:
-        import esopt_mp.baselines  # noqa: F401
-        pytest.skip("esopt_mp.baselines is present: grpo/ppo profiles run")
-    except ImportError:
-        pass
-    rc, out = _memprof(["--shape", "tiny", "--profiles", "grpo", "--out", str(tmp_path / "o")], capsys)
-    assert rc == 2 and out.err.count("\n") == 1 and "issue 9 part 2" in out.err

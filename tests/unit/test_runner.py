@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from esopt_mp.config import RunConfig, build_config
+from esopt_mp.config import RunConfig, TrainConfig, build_config
 from esopt_mp.identity import config_hash, config_identity
 from esopt_mp.metrics import MetricsWriter, summary_screen
 from esopt_mp.runner import Stop, run, write_config
@@ -31,10 +31,10 @@ class FakeTrainer:
     resumes = True
 
     def __init__(self, run_dir, steps=5, start=0, rank=0, third="sigma", signal_at=None, **run):
-        self.cfg = SimpleNamespace(run=RunConfig(dir=str(run_dir), **run))
+        self.cfg = TrainConfig(run=RunConfig(dir=str(run_dir), **run))
         self.dims = SimpleNamespace(rank=rank, comm=AnyComm())
         os.makedirs(run_dir, exist_ok=True)
-        self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"), rank, tensorboard=False)
+        self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"), rank)
         self.start_step, self.steps, self.third, self.signal_at = start, steps, third, signal_at
         self.comm = SimpleNamespace(total=COMM_BYTES)
         self.calls, self.evals = [], 0

@@ -1,0 +1,161 @@
+"""The command line of ``launch/train.py`` before Hydra sees it: ``--help``, and one line for a bad override.
+
+Hydra answers a misspelt group option, a profile given without ``+`` or an unknown top-level key with a
+screen of search paths or a struct error; these checks name the key, the options and the closest spelling
+instead. Plain Python (no torch, no Hydra): the options are the YAML files of the config directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+
+from esopt_mp.typed import ConfigError, did_you_mean
+
+# The keys a first run changes, one line each (``--help``); every one is a field of TrainConfig (a unit test
+# checks), and its default is read from the dataclasses, so the text cannot drift from the code.
+MAIN_KEYS = (
+    ("run.dir", "where the run writes everything (ledger, checkpoints, metrics, plots); rerun to resume"),
+    ("run.seed", "the run seed: members' noise, tasks, episodes and evaluation all derive from it"),
+    ("run.eval_every", "held-out evaluation every N steps (0: before and after training only)"),
+    ("run.checkpoint_every", "checkpoint every N steps (and at the end, and on SIGUSR1/SIGTERM)"),
+    ("run.export", "write run.dir/export, a plain Hugging Face model directory, at the end"),
+    ("run.loggers", "trackers beside metrics.jsonl: [tensorboard, wandb, mlflow] (each an extra)"),
+    ("run.dry_run", "check the config, model, data, environment and world size, then exit without training"),
+    ("model.path", "a local Hugging Face model directory; builtin:tiny_agent; null builds a tiny model"),
+    ("model.dtype", "float32 | bfloat16 | float16"),
+    ("es.population", "G, perturbed members per step (a multiple of 2 when mirrored)"),
+    ("es.steps", "ES steps of the run"),
+    ("es.sigma.start", "noise scale at step 0 (cosine-decayed to es.sigma.end)"),
+    ("es.alpha.start", "learning rate of the update (es.alpha.kind: constant | cosine)"),
+    ("es.noise_backend", "auto | eager | compile | triton: which kernel draws the noise (the same values)"),
+    ("parallel.dp", "data-parallel groups (auto: world size / tp)"),
+    ("parallel.tp", "tensor-parallel ranks per group"),
+    ("env.name", "the environment (python -m esopt_mp.envs list); its settings: env.<name>.<key>"),
+    ("env.max_turns", "turns per episode"),
+    ("env.episodes_per_step", "episodes each member plays per step"),
+    ("engine.name", "hf (transformers) | vllm"),
+    ("objective.name", "agent (in-process agent loop) | harness (your agent program) | target_logprob"),
+    ("objective.command", "objective=harness: your agent program's argv, the member's endpoint in OPENAI_*"),
+    ("algo.name", "es | grpo | ppo (select with algo=NAME)"),
+)
+PROFILE_GROUP = "experiment"  # appended to the defaults list: +experiment=NAME
+
+
+def options(config_dir: str, group: str) -> list[str]:
+    """The options of config group ``group``: its YAML files' names."""
+    d = os.path.join(config_dir, group)
+    return sorted(f[:-5] for f in os.listdir(d) if f.endswith(".yaml")) if os.path.isdir(d) else []
+
+
+def groups(config_dir: str) -> list[str]:
+    return sorted(g for g in os.listdir(config_dir) if os.path.isdir(os.path.join(config_dir, g)))
+
+
+def describe(path: str, width: int = 96) -> str:
+    """A YAML file's leading comment (not Hydra's ``# @package`` directive): its first sentence, cut to
+    ``width`` at a word."""
+    words = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
+            if not line.startswith("# @"):
+                words += line.lstrip("#").split()
+    text = " ".join(words)
+    if ". " in text:
+        text = text[:text.index(". ") + 1]
+    if len(text) > width:
+        text = text[:width - 3].rsplit(" ", 1)[0].rstrip(",;:(") + "..."
+    return text
+
+
+def _fields(cls, prefix: str = "") -> dict:
+    """Dotted field -> default value of dataclass ``cls`` and of the dataclasses it nests."""
+    out, hints = {}, typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_fields(hints[f.name], key))
+        else:
+            out[key] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return out
+
+
+def field_defaults() -> dict:
+    from esopt_mp.config import TrainConfig
+
+    return _fields(TrainConfig)
+
+
+def check_overrides(argv: list[str], config_dir: str) -> None:
+    """Refuse, in one line, an override Hydra would answer with a traceback: an unknown option of a group
+    (``algo=foo``), a profile without ``+`` or an unknown one, or an unknown top-level key (``esx.population``).
+    Keys inside a section are checked by the typed config, which names the closest spelling."""
+    from esopt_mp.config import TrainConfig
+
+    sections = {f.name for f in dataclasses.fields(TrainConfig)}
+    known_groups = groups(config_dir)
+    for arg in argv:
+        if arg.startswith("-") and not arg.startswith(("+", "~")):
+            continue
+        key, eq, value = arg.partition("=")
+        bare = key.lstrip("+~")
+        if not eq or "," in value or value.startswith(("[", "glob(", "range(", "choice(")):
+            continue  # a sweep of Hydra's multirun, or a deletion: Hydra's own syntax
+        if bare == PROFILE_GROUP:
+            known = options(config_dir, PROFILE_GROUP)
+            if not key.startswith("+"):
+                raise ConfigError(f"experiment: a profile is added to the defaults: write +experiment={value} "
+                                  f"(profiles: {', '.join(known)})")
+            if value not in known:
+                raise ConfigError(f"experiment: unknown profile {value!r}{did_you_mean(value, known)}; "
+                                  f"profiles: {', '.join(known)}")
+        elif bare in known_groups:
+            known = options(config_dir, bare)
+            if value not in known:
+                what = "algorithm" if bare == "algo" else "option"
+                hint = " (an environment is chosen with env.name=NAME)" if bare == "env" else ""
+                raise ConfigError(f"{bare}: unknown {what} {value!r}{did_you_mean(value, known)}; "
+                                  f"known: {', '.join(known)}{hint}")
+        elif bare.split(".")[0] not in sections and bare.split(".")[0] != "hydra":
+            guess = did_you_mean(bare, list(field_defaults()) + known_groups)
+            raise ConfigError(f"unknown config key {bare!r}{guess}; the sections are: {', '.join(sorted(sections))}")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(flatten(v, key) if isinstance(v, dict) else {key: v})
+    return out
+
+
+def help_text(config_dir: str, prog: str = "python launch/train.py", composed: dict | None = None) -> str:
+    """What ``--help`` prints: usage, the config groups and their options, the profiles, the main keys with the
+    embedded default's values (``composed``: the default config as Hydra composes it; else the dataclasses')."""
+    defaults = {**field_defaults(), **flatten(composed or {})}
+    lines = [f"usage: {prog} [KEY=VALUE ...] [GROUP=OPTION ...] [+experiment=PROFILE]", "",
+             "Evolution Strategies fine-tuning of an LLM agent. With no argument: the embedded default (the shipped",
+             "tiny agent on 4x4 Sudoku, CPU). Every setting is a KEY=VALUE override of the composed config.", "",
+             "config groups (GROUP=OPTION):"]
+    for g in groups(config_dir):
+        if g == PROFILE_GROUP:
+            continue
+        lines.append(f"  {g}:")
+        for o in options(config_dir, g):
+            lines.append(f"    {o:<22} {describe(os.path.join(config_dir, g, o + '.yaml'))}")
+    lines += ["", "experiment profiles (+experiment=PROFILE):"]
+    for o in options(config_dir, PROFILE_GROUP):
+        lines.append(f"  {o:<24} {describe(os.path.join(config_dir, PROFILE_GROUP, o + '.yaml'))}")
+    lines += ["", "main keys (KEY=VALUE; default in brackets):"]
+    for key, text in MAIN_KEYS:
+        lines.append(f"  {key:<24} {text} [{defaults[key]}]")
+    lines += ["", "examples:",
+              f"  {prog} run.dry_run=true                      check everything, train nothing",
+              f"  {prog} algo=grpo                             the same agent and tasks, GRPO",
+              f"  {prog} +experiment=sudoku_4b model.path=/models/Qwen3.5-4B",
+              f"  torchrun --nproc_per_node 4 {prog} parallel.tp=2",
+              "",
+              "Every key of a section: the documentation's configuration page; Hydra's own help: --hydra-help."]
+    return "\n".join(lines)

@@ -15,29 +15,29 @@ from esopt_mp.typed import ConfigError, did_you_mean
 # The keys a first run changes, one line each (``--help``); every one is a field of TrainConfig (a unit test
 # checks), and its default is read from the dataclasses, so the text cannot drift from the code.
 MAIN_KEYS = (
-    ("run.dir", "where the run writes everything (ledger, checkpoints, metrics, plots); rerun to resume"),
-    ("run.seed", "the run seed: members' noise, tasks, episodes and evaluation all derive from it"),
-    ("run.eval_every", "held-out evaluation every N steps (0: before and after training only)"),
-    ("run.checkpoint_every", "checkpoint every N steps (and at the end, and on SIGUSR1/SIGTERM)"),
-    ("run.export", "write run.dir/export, a plain Hugging Face model directory, at the end"),
-    ("run.loggers", "trackers beside metrics.jsonl: [tensorboard, wandb, mlflow] (each an extra)"),
-    ("run.dry_run", "check the config, model, data, environment and world size, then exit without training"),
-    ("model.path", "a local Hugging Face model directory; builtin:tiny_agent; null builds a tiny model"),
+    ("run.dir", "everything the run writes; rerun the command to resume"),
+    ("run.seed", "members' noise, tasks, episodes, evaluation derive from it"),
+    ("run.eval_every", "held-out evaluation every N steps (0: first and last)"),
+    ("run.checkpoint_every", "checkpoint every N steps (also at the end, on SIGUSR1)"),
+    ("run.export", "write run.dir/export, a Hugging Face model directory"),
+    ("run.loggers", "trackers beside metrics.jsonl: tensorboard, wandb, mlflow"),
+    ("run.dry_run", "check everything a start checks, then exit"),
+    ("model.path", "a local HF model directory, builtin:NAME, or null (tiny)"),
     ("model.dtype", "float32 | bfloat16 | float16"),
-    ("es.population", "G, perturbed members per step (a multiple of 2 when mirrored)"),
+    ("es.population", "G, perturbed members per step (even when mirrored)"),
     ("es.steps", "ES steps of the run"),
-    ("es.sigma.start", "noise scale at step 0 (cosine-decayed to es.sigma.end)"),
-    ("es.alpha.start", "learning rate of the update (es.alpha.kind: constant | cosine)"),
-    ("es.noise_backend", "auto | eager | compile | triton: which kernel draws the noise (the same values)"),
+    ("es.sigma.start", "noise scale at step 0 (decays to es.sigma.end)"),
+    ("es.alpha.start", "learning rate of the update (es.alpha.kind)"),
+    ("es.noise_backend", "auto | eager | compile | triton (the same noise)"),
     ("parallel.dp", "data-parallel groups (auto: world size / tp)"),
     ("parallel.tp", "tensor-parallel ranks per group"),
-    ("env.name", "the environment (python -m esopt_mp.envs list); its settings: env.<name>.<key>"),
+    ("env.name", "the environment (python -m esopt_mp.envs list)"),
     ("env.max_turns", "turns per episode"),
     ("env.episodes_per_step", "episodes each member plays per step"),
     ("engine.name", "hf (transformers) | vllm"),
-    ("objective.name", "agent (in-process agent loop) | harness (your agent program) | target_logprob"),
-    ("objective.command", "objective=harness: your agent program's argv, the member's endpoint in OPENAI_*"),
-    ("algo.name", "es | grpo | ppo (select with algo=NAME)"),
+    ("objective.name", "agent | harness (your agent program) | target_logprob"),
+    ("objective.command", "objective=harness: your program's argv (no shell)"),
+    ("algo.name", "es | grpo | ppo (choose with algo=NAME)"),
 )
 PROFILE_GROUP = "experiment"  # appended to the defaults list: +experiment=NAME
 
@@ -96,13 +96,26 @@ def check_overrides(argv: list[str], config_dir: str) -> None:
 
     sections = {f.name for f in dataclasses.fields(TrainConfig)}
     known_groups = groups(config_dir)
+    multirun = any(a in ("-m", "--multirun") for a in argv)
     for arg in argv:
         if arg.startswith("-") and not arg.startswith(("+", "~")):
             continue
         key, eq, value = arg.partition("=")
         bare = key.lstrip("+~")
-        if not eq or "," in value or value.startswith(("[", "glob(", "range(", "choice(")):
-            continue  # a sweep of Hydra's multirun, or a deletion: Hydra's own syntax
+        if not eq:
+            if key.startswith("~"):
+                continue  # a deletion
+            raise ConfigError(f"{arg!r}: an override is KEY=VALUE (python launch/train.py --help lists the keys)")
+        if bare.split(".")[0] not in sections and bare.split(".")[0] != "hydra" and bare not in known_groups:
+            guess = did_you_mean(bare, list(field_defaults()) + known_groups)
+            raise ConfigError(f"unknown config key {bare!r}{guess}; the sections are: {', '.join(sorted(sections))}")
+        if value.count("[") != value.count("]") or value.count("{") != value.count("}"):
+            raise ConfigError(f"{arg}: unbalanced brackets (a list is written {bare}=[a,b])")
+        if "," in value and not value.startswith(("[", "{")) and not multirun:
+            raise ConfigError(f"{arg}: a comma list is a sweep (for --multirun); a list value is written "
+                              f"{bare}=[{value}]")
+        if "," in value or value.startswith(("[", "glob(", "range(", "choice(")):
+            continue  # a list, or a sweep of Hydra's multirun: Hydra's own syntax
         if bare == PROFILE_GROUP:
             known = options(config_dir, PROFILE_GROUP)
             if not key.startswith("+"):
@@ -118,9 +131,6 @@ def check_overrides(argv: list[str], config_dir: str) -> None:
                 hint = " (an environment is chosen with env.name=NAME)" if bare == "env" else ""
                 raise ConfigError(f"{bare}: unknown {what} {value!r}{did_you_mean(value, known)}; "
                                   f"known: {', '.join(known)}{hint}")
-        elif bare.split(".")[0] not in sections and bare.split(".")[0] != "hydra":
-            guess = did_you_mean(bare, list(field_defaults()) + known_groups)
-            raise ConfigError(f"unknown config key {bare!r}{guess}; the sections are: {', '.join(sorted(sections))}")
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -144,18 +154,21 @@ def help_text(config_dir: str, prog: str = "python launch/train.py", composed: d
             continue
         lines.append(f"  {g}:")
         for o in options(config_dir, g):
-            lines.append(f"    {o:<22} {describe(os.path.join(config_dir, g, o + '.yaml'))}")
+            lines.append(f"    {o:<20} {describe(os.path.join(config_dir, g, o + '.yaml'), width=72)}")
     lines += ["", "experiment profiles (+experiment=PROFILE):"]
     for o in options(config_dir, PROFILE_GROUP):
-        lines.append(f"  {o:<24} {describe(os.path.join(config_dir, PROFILE_GROUP, o + '.yaml'))}")
-    lines += ["", "main keys (KEY=VALUE; default in brackets):"]
+        lines.append(f"  {o:<22} {describe(os.path.join(config_dir, PROFILE_GROUP, o + '.yaml'), width=74)}")
+    lines += ["", f"  {'main keys (KEY=VALUE)':<22} {'default':<19} what it sets"]
     for key, text in MAIN_KEYS:
-        lines.append(f"  {key:<24} {text} [{defaults[key]}]")
+        d = defaults[key]
+        shown = "[" + ",".join(map(str, d)) + "]" if isinstance(d, list) else "null" if d is None else \
+            str(d).lower() if isinstance(d, bool) else d
+        lines.append(f"  {key:<22} {str(shown):<19} {text}")
     lines += ["", "examples:",
               f"  {prog} run.dry_run=true                      check everything, train nothing",
               f"  {prog} algo=grpo                             the same agent and tasks, GRPO",
               f"  {prog} +experiment=sudoku_4b model.path=/models/Qwen3.5-4B",
-              f"  torchrun --nproc_per_node 4 {prog} parallel.tp=2",
+              f"  torchrun --nproc_per_node 4 {prog.replace('python ', '')} parallel.tp=2      dp = 4 / 2",
               "",
               "Every key of a section: the documentation's configuration page; Hydra's own help: --hydra-help."]
     return "\n".join(lines)

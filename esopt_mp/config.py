@@ -66,6 +66,8 @@ def open_sections(overrides: list[str]) -> list[str]:
     out = []
     for arg in overrides:
         key, eq, _ = arg.partition("=")
+        if eq and key.startswith("+") and not key.startswith("++") and key[1:] in known:
+            arg, key = arg[1:], key[1:]  # +es.population=4: the key exists (a field); set it as the user meant
         parts = key.split(".")
         if eq and key.lstrip("+~") in MOVED:
             raise ConfigError(f"{key.lstrip('+~')} is now {MOVED[key.lstrip('+~')]}")

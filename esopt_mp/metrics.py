@@ -20,12 +20,9 @@ def setup_logging(rank: int, level: str = "INFO") -> None:
     # every HTTP request a harness's client makes is an INFO line of its HTTP library (httpx; httpx2 under openai 3)
     for noisy in ("transformers", "torch.distributed", "httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    from esopt_mp.progress import interactive
+    from esopt_mp.progress import quiet_libraries
 
-    if not interactive():  # a batch log: no library's progress bar either (transformers' weight loading)
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        if "transformers" in sys.modules:
-            sys.modules["transformers"].utils.logging.disable_progress_bar()
+    quiet_libraries()
 
 
 class MetricsWriter:
@@ -68,7 +65,8 @@ def summary_screen(s: dict) -> str:
     name = s.get("algo", "es").upper()
     lines = [
         "=" * 60,
-        f" {name} run finished: {s['steps']} steps (resumed from {s['resumed_from']})",
+        f" {name} run finished: {s['steps']} steps"
+        + (f" (resumed after step {s['resumed_from']})" if s.get("resumed_from") else ""),
         f" held-out score   {s['eval_before']:.4f} -> {s['eval_after']:.4f}  ({s['eval_after'] - s['eval_before']:+.4f})",
         f" wall time        {s['seconds']:.1f} s",
         f" {where:<16} {mem:.2f} GiB",

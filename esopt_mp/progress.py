@@ -21,6 +21,17 @@ def interactive() -> bool:
         return False
 
 
+def quiet_libraries() -> None:
+    """Off a terminal, no library draws a progress bar either (transformers' weight loading, hub downloads)."""
+    if interactive():
+        return
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
 def eta(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

@@ -157,7 +157,7 @@ def _steps(trainer: Trainer, stop: Stop, progress: StepProgress) -> dict | None:
         else:
             trainer.poll()  # a finished background write becomes a complete checkpoint now
         if stopping and not last:
-            log.warning("stopped after step %d on request; the checkpoint after it is saved; %s", t,
+            log.warning("stopped after step %d/%d on request; the checkpoint after it is saved; %s", t + 1, steps,
                         "rerun the same command to resume" if trainer.resumes else
                         f"{trainer.name.upper()} runs do not resume: a rerun starts in a new run.dir")
             return {"stopped_at": t + 1}

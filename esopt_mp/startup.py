@@ -16,10 +16,33 @@ from esopt_mp.envs.base import StartupError
 
 MODEL_HINT = "a local Hugging Face model directory (config.json, tokenizer files, *.safetensors)"
 WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def check_run_dir(path: str) -> None:
-    """``run.dir`` exists (made here) and can be written."""
+def read_json(path: str, missing: str):
+    """``path``'s JSON; ``missing`` (one line) where there is no such file, the reason where it cannot be read."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise StartupError(missing) from None
+    except (OSError, ValueError) as e:
+        raise StartupError(f"{path} cannot be read as JSON ({e})") from None
+
+
+def check_run_dir(path: str, create: bool = True) -> None:
+    """``run.dir`` can be written: made here (``create``), or, for a dry run, its nearest existing ancestor is a
+    directory this user may create it in."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StartupError(f"run.dir: {path} is a file, not a directory: set run.dir=PATH to a directory")
+    if not create:
+        probe = os.path.abspath(path)
+        while not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+            raise StartupError(f"run.dir: cannot write {path} ({probe} is not a writable directory): set "
+                               f"run.dir=PATH to a directory this user can write")
+        return
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
@@ -38,32 +61,34 @@ def model_dir(path: str | None) -> str | None:
     return path or None
 
 
-def check_model_dir(path: str | None) -> str:
-    """``model.path`` names a model directory; what it is, for the dry run's report."""
+def builtins() -> list[str]:
+    from esopt_mp.models.paths import ASSETS
+
+    return sorted(f"builtin:{n}" for n in os.listdir(ASSETS) if os.path.isdir(os.path.join(ASSETS, n)))
+
+
+def check_model_dir(path: str | None, tokenizer: bool = False, key: str = "model.path") -> str:
+    """``model.path`` names a model directory (with a tokenizer where ``tokenizer``: agents chat); what it is,
+    for the dry run's report."""
     d = model_dir(path)
     if d is None:
         return "model: the tiny model (model.tiny), built into run.dir/base_model"
     if not os.path.exists(d):
-        hint = (f"build it with python tools/build_tiny_agent.py --out {d}" if path.startswith("builtin:")
-                else f"point model.path at {MODEL_HINT}; nothing is downloaded")
-        raise StartupError(f"model.path: {path} does not exist: {hint}")
+        if path.startswith("builtin:"):
+            raise StartupError(f"{key}: {path} is not shipped: the builtin models are {', '.join(builtins())}")
+        raise StartupError(f"{key}: {path} does not exist: point {key} at {MODEL_HINT}; nothing is downloaded")
     if not os.path.isdir(d):
-        raise StartupError(f"model.path: {path} is a file, not a directory: point it at {MODEL_HINT}")
+        raise StartupError(f"{key}: {path} is a file, not a directory: point it at {MODEL_HINT}")
     cfg_path = os.path.join(d, "config.json")
-    try:
-        with open(cfg_path) as f:
-            mcfg = json.load(f)
-    except FileNotFoundError:
-        raise StartupError(f"model.path: {path} is not a model directory (no config.json): point it at "
-                           f"{MODEL_HINT}") from None
-    except (OSError, ValueError) as e:
-        raise StartupError(f"model.path: {cfg_path} cannot be read as JSON ({e})") from None
+    mcfg = read_json(cfg_path, f"{key}: {path} is not a model directory (no config.json): point it at {MODEL_HINT}")
     if not isinstance(mcfg, dict) or "model_type" not in mcfg:
-        raise StartupError(f"model.path: {cfg_path} has no model_type: {path} is not a Hugging Face model "
-                           f"directory")
+        raise StartupError(f"{key}: {cfg_path} has no model_type: {path} is not a Hugging Face model directory")
     if not any(glob.glob(os.path.join(d, w)) for w in WEIGHTS):
-        raise StartupError(f"model.path: {path} has a config.json but no weights (*.safetensors): copy the "
+        raise StartupError(f"{key}: {path} has a config.json but no weights (*.safetensors): copy the "
                            f"checkpoint's weight files there")
+    if tokenizer and not any(os.path.isfile(os.path.join(d, t)) for t in TOKENIZER_FILES):
+        raise StartupError(f"{key}: {path} has no tokenizer (tokenizer.json or tokenizer_config.json): an agent "
+                           f"needs its chat template; copy the checkpoint's tokenizer files there")
     return f"model: {d} ({mcfg['model_type']}, {', '.join(mcfg.get('architectures') or ['?'])})"
 
 
@@ -86,11 +111,40 @@ def check_data_files(cfg) -> list[str]:
     return out
 
 
+def check_same_run(cfg) -> str | None:
+    """A ``run.dir`` that holds a run resumes only with that run's config: refused here, before any model or
+    tracker starts, naming what differs (the trainer checks the ledger again, line by line)."""
+    path = os.path.join(cfg.run.dir, "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return None  # a torn file: the trainer's own checks decide
+    base = model_dir(cfg.model.path) or os.path.join(cfg.run.dir, "base_model")
+    if not os.path.isdir(base) or "config_hash" not in old:
+        return None
+    from esopt_mp.identity import config_identity, diff_identity
+
+    ident = config_identity(cfg, base)
+    if old["config_hash"] == ident["hash"]:
+        return f"run.dir: holds this run (config hash {ident['hash']}): it resumes"
+    what = diff_identity(old.get("identity") or {}, ident["fields"]) if isinstance(old.get("identity"), dict) else ""
+    raise StartupError(f"run.dir: {cfg.run.dir} holds another run{' (it differs in: ' + what + ')' if what else ''}: "
+                       f"rerun with that run's settings to resume it, or set run.dir to a new directory")
+
+
+def agent_objective(cfg) -> bool:
+    return cfg.objective.name in ("agent", "harness")
+
+
 def check_start(cfg) -> None:
     """What every launch checks first (rank by rank; each line the same on every rank)."""
     check_run_dir(cfg.run.dir)
-    check_model_dir(cfg.model.path)
+    check_model_dir(cfg.model.path, tokenizer=agent_objective(cfg))
     check_data_files(cfg)
+    check_same_run(cfg)
 
 
 def dry_run(cfg, world_size: int) -> list[str]:
@@ -100,10 +154,25 @@ def dry_run(cfg, world_size: int) -> list[str]:
     lines = [f"config: valid; algo={cfg.algo.name} objective={cfg.objective.name} env={cfg.env.name} "
              f"engine={cfg.engine.name}",
              f"world: {world_size} rank(s) = dp {p.dp} x tp {p.tp}"]
-    check_run_dir(cfg.run.dir)
+    check_run_dir(cfg.run.dir, create=False)
     lines.append(f"run.dir: {os.path.abspath(cfg.run.dir)} (writable)")
-    lines.append(check_model_dir(cfg.model.path))
+    lines.append(check_model_dir(cfg.model.path, tokenizer=agent_objective(cfg)))
     lines += check_data_files(cfg)
+    same = check_same_run(cfg)
+    if same:
+        lines.append(same)
+    if cfg.objective.name == "harness" and cfg.objective.command:
+        from esopt_mp.agent.harness_run import command_argv
+
+        try:
+            command_argv(cfg.objective.command)
+        except Exception as e:  # noqa: BLE001 - HarnessError: the program cannot be found
+            raise StartupError(str(e)) from None
+        lines.append(f"harness: {cfg.objective.command}")
+    if cfg.run.loggers:
+        from esopt_mp.trackers import check_can_start
+
+        lines.append(check_can_start(cfg.run.loggers, cfg.run.dir))
     if cfg.engine.name == "vllm":
         from esopt_mp.engine.vllm import preflight
 
@@ -141,17 +210,11 @@ def check_run_to_read(run_dir: str, base: str | None = None) -> dict:
     """A finished or stopped run's directory, for a tool that reads it (replay, export): its ``config.json``."""
     if not os.path.isdir(run_dir):
         raise StartupError(f"{run_dir}: no such run directory: pass --run-dir the run.dir of a training run")
-    path = os.path.join(run_dir, "config.json")
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        raise StartupError(f"{run_dir} is not a run directory (no config.json): pass --run-dir the run.dir a "
-                           f"training run wrote") from None
-    except (OSError, ValueError) as e:
-        raise StartupError(f"{path} cannot be read ({e})") from None
+    cfg = read_json(os.path.join(run_dir, "config.json"), f"{run_dir} is not a run directory (no config.json): pass "
+                    f"--run-dir the run.dir a training run wrote")
     model = base or cfg.get("base_model")
-    if not model or not os.path.isdir(model):
+    if not base and (not model or not os.path.isdir(model)):
         raise StartupError(f"the run's base model {model} is gone: pass --base DIR (the model the run started "
                            f"from)")
+    check_model_dir(model, key="--base" if base else "the run's base model")
     return cfg

@@ -15,6 +15,7 @@ import os
 import time
 import uuid
 
+from esopt_mp.envs.base import StartupError
 from esopt_mp.typed import ConfigError
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,36 @@ def check_loggers(names: list[str], key: str = "run.loggers") -> None:
                               f"(or drop it from run.loggers)")
     if len(set(names)) != len(names):
         raise ConfigError(f"{key}: a tracker is named twice: {names}")
+
+
+def check_can_start(names: list[str], run_dir: str) -> str:
+    """The dry run's view of the trackers: where each would write, and a wandb that would need a login it
+    does not have (one line; mlflow's server is reached only when the run starts)."""
+    out = []
+    for n in names:
+        if n == "wandb":
+            mode = os.environ.get("WANDB_MODE", "online")
+            if mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
+                raise StartupError("run.loggers: wandb is online but has no API key: wandb login (or WANDB_API_KEY), "
+                                   "or WANDB_MODE=offline to write run.dir/wandb")
+            out.append(f"wandb ({mode})")
+        elif n == "mlflow":
+            out.append(f"mlflow ({os.environ.get('MLFLOW_TRACKING_URI') or 'file store in run.dir/mlruns'})")
+        else:
+            out.append(f"{n} (run.dir/tensorboard)")
+    return "trackers: " + ", ".join(out)
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+
+    try:
+        auth = netrc.netrc(os.environ.get("NETRC") or os.path.expanduser("~/.netrc"))
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return any(host.startswith("api.wandb.ai") or "wandb" in host for host in auth.hosts)
 
 
 def scalars(record: dict) -> tuple[int, dict] | None:
@@ -76,9 +107,13 @@ class Wandb:
     def __init__(self, run_dir: str, name: str, config: dict):
         import wandb
 
+        from esopt_mp.progress import interactive
+
         rid = _kept_id(run_dir, "wandb", lambda: uuid.uuid4().hex[:12])
+        quiet = not interactive()  # a batch log: none of wandb's coloured banner and teardown lines
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "esopt_mp"), name=name, id=rid,
-                              resume="allow", dir=run_dir, config=config)
+                              resume="allow", dir=run_dir, config=config,
+                              settings=wandb.Settings(silent=quiet, console="off" if quiet else "auto"))
 
     def log(self, step: int, values: dict) -> None:
         self.run.log(values, step=step)
@@ -139,7 +174,15 @@ BUILDERS = {"tensorboard": TensorBoard, "wandb": Wandb, "mlflow": MLflow}
 def build_trackers(names: list[str], run_dir: str, config: dict) -> list:
     """The trackers ``names`` of the run in ``run_dir`` (its name: the directory's), each given the config."""
     name = os.path.basename(os.path.abspath(run_dir))
-    out = [BUILDERS[n](run_dir, name, config) for n in names]
+    out = []
+    for n in names:
+        try:
+            out.append(BUILDERS[n](run_dir, name, config))
+        except Exception as e:  # noqa: BLE001 - no login, a server that does not answer: one line, not a traceback
+            for t in out:
+                t.close()
+            raise StartupError(f"run.loggers: {n} could not start: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                               f"{' (wandb login, or WANDB_MODE=offline)' if n == 'wandb' else ''}") from None
     if out:
         log.info("trackers: %s", ", ".join(names))
     return out

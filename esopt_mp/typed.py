@@ -34,7 +34,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _coerce(value, kinds[-1], key)
     if origin is list or tp is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            hint = f" (write {key}=[{value}])" if isinstance(value, str) else ""
+            raise ConfigError(f"{key}: expected a list, got {value!r}{hint}")
         args = typing.get_args(tp)
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else list(value)
     if origin is dict or tp is dict:

@@ -15,16 +15,16 @@
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.out
 set -euo pipefail
-PROFILE=${PROFILE:-sudoku_4b}
-for a in "$@"; do case "$a" in +experiment=*|experiment=*)
-  echo "error: the profile is a variable here: PROFILE=${a#*=} sbatch $0 (not $a)" >&2; exit 2;; esac; done
+source slurm/profile.sh  # sbatch starts the job in the submission directory: the checkout
+choose_profile sudoku_4b slurm/sudoku_4b.sh "$@"
 export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}         # shared storage: checkpoints + ledger survive requeue
 # every task reads these (esopt_mp/parallel/launcher.py, srun branch): rank SLURM_PROCID of SLURM_NTASKS,
 # GPU SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE ranks on its node. srun of Slurm 22.05 (and some later) does not pass
 # sbatch's --cpus-per-task to its tasks (one core each, OMP_NUM_THREADS threads on it), hence the explicit one
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
-export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
+export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}  # the user's value wins
 set +e
 srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python launch/train.py +experiment="$PROFILE" \
   parallel.tp=1 "$@"

@@ -13,9 +13,8 @@
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.out
 set -euo pipefail
-PROFILE=${PROFILE:-webarena_27b}
-for a in "$@"; do case "$a" in +experiment=*|experiment=*)
-  echo "error: the profile is a variable here: PROFILE=${a#*=} sbatch $0 (not $a)" >&2; exit 2;; esac; done
+source slurm/profile.sh  # sbatch starts the job in the submission directory: the checkout
+choose_profile webarena_27b slurm/webarena_27b.sh "$@"
 # USR1 an hour before the limit: the trainer stops at the next step boundary (all ranks agree), checkpoints and
 # exits 75, and we requeue. The lead must exceed one ES step (8 members x up to 30 turns of 27B rollouts);
 # a step cut off by the time limit is only lost work (checkpoint_every=1 + the ledger), but no requeue happens.
@@ -25,7 +24,8 @@ export ESOPT_RUNS=${ESOPT_RUNS:-$HOME/esopt_runs}
 # sbatch's --cpus-per-task to its tasks (one core each, OMP_NUM_THREADS threads on it), hence the explicit one
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
-export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
+export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}  # the user's value wins
 # WA_SHOPPING, WA_SHOPPING_ADMIN, WA_REDDIT, WA_GITLAB, WA_MAP, WA_WIKIPEDIA, WA_HOMEPAGE: the WebArena sites
 : "${WA_SHOPPING:?export the WebArena site URLs (WA_*) before sbatch}"
 # the interpreter of tools/setup_browser.py --venv .venv-web (BrowserGym; torch and esopt_mp from the system)

@@ -138,9 +138,9 @@ def plot(agg: dict, budget: int, path: str, xlabel: str, horizons: list[int] | N
         hs = sorted((h for h in by_h if int(h) in horizons), key=int)
         x = [int(h) for h in hs]
         if x:
-            n = sorted({by_h[h]["seeds"] for h in hs})
+            n = ", ".join(str(by_h[h]["seeds"]) for h in hs)
             ax.plot(x, [by_h[h]["mean"] for h in hs], "o-", color=colors.get(m),
-                    label=f"{m.upper()} after training ({'/'.join(map(str, n))} seeds)")
+                    label=f"{m.upper()} after training (seeds per point: {n})")
             ax.fill_between(x, [by_h[h]["min"] for h in hs], [by_h[h]["max"] for h in hs], color=colors.get(m),
                             alpha=0.15)
             for h in hs:

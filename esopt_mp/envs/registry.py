@@ -101,7 +101,10 @@ def load_spec(name: str) -> "EnvSpec":
             ep = _plugins().get(name)
             if ep is None:
                 builtin, plugins = names()
-                raise EnvNotFound(f"unknown environment {name!r}; built-in: {', '.join(builtin)}; installed plugins: "
+                from esopt_mp.typed import did_you_mean
+
+                raise EnvNotFound(f"unknown environment {name!r}{did_you_mean(name, [*builtin, *plugins])}; built-in: "
+                                  f"{', '.join(builtin)}; installed plugins: "
                                   f"{', '.join(plugins) or 'none'} (a plugin declares an entry point in group "
                                   f"{GROUP!r})")
             target, where = ep.value, f"plugin {ep.value} (distribution {getattr(ep.dist, 'name', '?')})"

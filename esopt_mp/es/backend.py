@@ -3,7 +3,7 @@
 - ``triton``: the fused Triton kernels (:mod:`esopt_mp.es.triton_noise`): CUDA tensors, or CPU
   tensors under ``TRITON_INTERPRET=1`` (tests).
 - ``compile``: the torch reference through ``torch.compile``: ~20 s once per process, then ~5x
-  the eager throughput on CPU (README, bench_noise: 186 vs 37 M elements/s on 2 cores).
+  the eager throughput on CPU (docs/benchmarks.md, bench_noise: 186 vs 37 M elements/s on 2 cores).
 - ``eager``: the torch reference as is.
 - ``auto`` (default): triton on CUDA when Triton imports (else eager); on CPU ``compile`` once the local
   elements on the device reach :data:`AUTO_COMPILE_MIN_ELEMS`, else ``eager``.

@@ -1,7 +1,7 @@
 """Counter-based Gaussian noise that is the same whatever the sharding.
 
 eps for member seed ``s`` is a pure function of (s, canonical tensor name,
-row-major element index in the unsharded tensor) (README, "Noise: layout-invariant by construction"):
+row-major element index in the unsharded tensor) (docs/concepts.md, "The noise"):
 Philox4x32-10 keyed by ``s``, counter ``(j // 4, tid)``, Box-Muller in float64,
 element ``j`` takes output ``j % 4``. A rank holding any box-shaped slice of a
 tensor (a row shard, a column shard, the whole tensor) regenerates exactly its

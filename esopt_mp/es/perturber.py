@@ -7,7 +7,7 @@ The two exceptions are the state a precision mode keeps by design: the
 ``snapshot`` copy and the ``fp32_host`` master, both of the local shard, in
 host memory.
 
-Precision modes (README, "Precision modes and what each costs"):
+Precision modes (docs/concepts.md, "Precision modes"):
 
 - ``restore="subtract"``: add sigma*eps, later subtract it again; exact in
   fp32 up to rounding, drifts in bf16.

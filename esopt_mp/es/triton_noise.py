@@ -1,4 +1,4 @@
-"""The noise spec (README, "Noise: layout-invariant by construction") as Triton kernels fused with the ES
+"""The noise spec (docs/concepts.md, "The noise") as Triton kernels fused with the ES
 weight operations.
 
 Each program takes BLOCK consecutive elements of a local shard, turns each local flat index into
@@ -26,7 +26,7 @@ ops do.
 Without CUDA, ``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (numpy); that is how the
 tests check them. The interpreter's float64 log/sin/cos/sqrt are numpy's, torch's CPU ones are
 SLEEF's: they differ by one fp64 ulp on ~0.1% of inputs (sqrt on ~1%), which changes a float32
-normal only when it lies within an ulp of a float32 rounding boundary (see README, "Noise").
+normal only when it lies within an ulp of a float32 rounding boundary (docs/concepts.md, "The noise").
 """
 from __future__ import annotations
 

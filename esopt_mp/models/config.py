@@ -33,5 +33,7 @@ class ModelConfig:
     tiny: TinyModelConfig = dataclasses.field(default_factory=TinyModelConfig)
 
     def validate(self, key: str = "model") -> None:
+        check(self.path is None or self.path.strip() != "", f"{key}.path",
+              "is empty (an unset variable?): a model directory, builtin:NAME, or null for the tiny model")
         check_choice(self.dtype, DTYPES, f"{key}.dtype")
         self.tiny.validate(f"{key}.tiny")

@@ -55,7 +55,7 @@ def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_p
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
     stopped = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])["stopped_at"]
-    assert 1 <= stopped < steps and f"stopped after step {stopped - 1} on request" in err
+    assert 1 <= stopped < steps and f"stopped after step {stopped}/{steps} on request" in err
     assert "GRPO runs do not resume: a rerun starts in a new run.dir" in err
     import torch
 

@@ -133,7 +133,7 @@ def test_help_and_dry_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == "dry run: every start-up check passed"
     assert "  tasks: 256 training, 128 held-out" in proc.stdout.splitlines()
-    assert os.listdir(tmp_path / "run") == []  # no model built, no config, ledger, metrics or checkpoint
+    assert not (tmp_path / "run").exists()  # no run.dir made: no model, config, ledger, metrics or checkpoint
 
 
 @pytest.mark.parametrize("tool", ["replay.py", "export_hf.py"])
@@ -147,7 +147,8 @@ def _slurm_stubs(tmp_path):
     """srun/scontrol stand-ins on PATH: srun records the command it would run."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    (bin_ / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/srun.args\n')
+    record = f'printf "%s\\n" "OMP_NUM_THREADS=$OMP_NUM_THREADS" "$@" > {tmp_path}/srun.args'
+    (bin_ / "srun").write_text(f"#!/bin/sh\n{record}\n")
     (bin_ / "scontrol").write_text("#!/bin/sh\necho node0\n")
     for f in bin_.iterdir():
         f.chmod(0o755)
@@ -157,13 +158,19 @@ def _slurm_stubs(tmp_path):
 
 def test_slurm_scripts_take_the_profile_as_a_variable(tmp_path):
     env = _slurm_stubs(tmp_path)
-    proc = subprocess.run(["bash", "slurm/sudoku_4b.sh", "es.steps=3"], cwd=ROOT, env=dict(env, PROFILE="sudoku_4b_h10"),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", "slurm/sudoku_4b.sh", "es.steps=3"], cwd=ROOT, env=dict(env, PROFILE="sudoku_4b_h10",
+                          OMP_NUM_THREADS="2"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args[args.index("launch/train.py") + 1:] == ["+experiment=sudoku_4b_h10", "parallel.tp=1", "es.steps=3"]
+    assert "--cpus-per-task=8" in args and args[0] == "OMP_NUM_THREADS=2"  # the user's thread count is kept
     proc = subprocess.run(["bash", "slurm/sudoku_4b.sh", "+experiment=sudoku_4b_h10"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip() == \
         "error: the profile is a variable here: PROFILE=sudoku_4b_h10 sbatch slurm/sudoku_4b.sh (not " \
         "+experiment=sudoku_4b_h10)"
+    proc = subprocess.run(["bash", "slurm/webarena_27b.sh"], cwd=ROOT, env=dict(env, PROFILE="webarena_27"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: PROFILE=webarena_27: no "
+                                                           "configs/experiment/webarena_27.yaml; profiles: ahd_bpp")
+    assert not (tmp_path / "srun.args").read_text().count("webarena")  # nothing was started

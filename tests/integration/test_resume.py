@@ -159,7 +159,8 @@ def test_another_config_in_the_same_run_dir_is_one_line_before_any_rollout(tmp_p
     p = subprocess.run(_cmd(1, run, ["es.steps=1", "run.seed=99"]), cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env=_env())
     last = p.stderr.strip().splitlines()[-1]
-    assert p.returncode == 2 and last.startswith("error: ") and "different configuration" in last, p.stderr[-1500:]
+    assert p.returncode == 2 and last.startswith("error: ") and "holds another run" in last, p.stderr[-1500:]
+    assert p.stderr.strip().count("\n") == 0  # refused before a model, a tracker or a process group: one line only
     assert (run / "history.jsonl").read_text() == before  # nothing played, nothing appended
 
 

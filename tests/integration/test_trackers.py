@@ -135,3 +135,26 @@ def test_a_tracker_that_is_not_installed_is_one_line(monkeypatch):
         check_loggers(["comet"])
     with pytest.raises(ConfigError, match=r"named twice"):
         check_loggers(["tensorboard", "tensorboard"])
+
+
+@need("mlflow")
+def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+    from esopt_mp.envs.base import StartupError
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://host/x")
+    with pytest.raises(StartupError, match=r"^run.loggers: mlflow could not start: \w+"):
+        MetricsWriter(str(tmp_path / "metrics.jsonl"), 0, ["mlflow"])
+
+
+@need("wandb")
+def test_the_dry_run_refuses_an_online_wandb_without_a_login(tmp_path, monkeypatch):
+    from esopt_mp.envs.base import StartupError
+    from esopt_mp.trackers import check_can_start
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    with pytest.raises(StartupError, match=r"^run.loggers: wandb is online but has no API key: wandb login"):
+        check_can_start(["wandb"], str(tmp_path))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert check_can_start(["wandb", "mlflow"], str(tmp_path)).startswith("trackers: wandb (offline), mlflow (")

@@ -26,6 +26,11 @@ ASSET = os.path.join(os.path.dirname(CONFIGS), "esopt_mp", "assets", "tiny_agent
                    r"is chosen with env.name=NAME\)$"),
     ("esx.population=8", r"^unknown config key 'esx.population' \(did you mean 'es.population'\?\); the sections"),
     ("+sead=3", r"^unknown config key 'sead'"),
+    ("runn.loggers=[tensorboard]", r"^unknown config key 'runn.loggers' \(did you mean 'run.loggers'\?\)"),
+    ("run.loggers=tensorboard,wandb", r"^run.loggers=tensorboard,wandb: a comma list is a sweep \(for --multirun\); "
+                                      r"a list value is written run.loggers=\[tensorboard,wandb\]$"),
+    ("run.loggers=[tensorboard", r"^run.loggers=\[tensorboard: unbalanced brackets"),
+    ("foo", r"^'foo': an override is KEY=VALUE"),
 ])
 def test_an_override_hydra_would_answer_with_a_traceback_is_one_line(arg, line):
     with pytest.raises(ConfigError, match=line):
@@ -33,10 +38,28 @@ def test_an_override_hydra_would_answer_with_a_traceback_is_one_line(arg, line):
 
 
 @pytest.mark.parametrize("arg", ["+experiment=sudoku_4b", "algo=grpo", "es.population=4", "env.sudoku.size=4",
-                                 "hydra.verbose=true", "algo=es,grpo", "~env.sudoku", "--multirun",
-                                 "parallel.dp=auto"])
+                                 "hydra.verbose=true", "~env.sudoku", "--multirun", "parallel.dp=auto",
+                                 "run.loggers=[tensorboard,wandb]", "es.include=[model.*]"])
 def test_what_hydra_takes_passes(arg):
     check_overrides([arg], CONFIGS)
+    check_overrides(["--multirun", "algo=es,grpo"], CONFIGS)  # a sweep where it is one
+
+
+def test_a_plus_on_a_key_the_config_has_sets_it():
+    assert build_config(compose_config("+es.population=4"), 1).es.population == 4
+
+
+def test_an_empty_model_path_is_refused_not_the_tiny_model():
+    with pytest.raises(ConfigError, match=r"^model.path: is empty \(an unset variable\?\): a model directory, "
+                                          r"builtin:NAME, or null for the tiny model$"):
+        build_config(compose_config("+experiment=sudoku_4b", "model.path="), 1)
+    assert build_config(compose_config("model.path=null"), 1).model.path is None
+
+
+def test_a_string_for_a_list_says_how_to_write_the_list():
+    with pytest.raises(ConfigError, match=r"^run.loggers: expected a list, got 'tensorboard' \(write "
+                                          r"run.loggers=\[tensorboard\]\)$"):
+        build_config(compose_config("run.loggers=tensorboard"), 1)
 
 
 def test_help_lists_every_group_option_profile_and_main_key_with_its_default():
@@ -50,9 +73,10 @@ def test_help_lists_every_group_option_profile_and_main_key_with_its_default():
     for key, _ in MAIN_KEYS:
         assert f"  {key} " in text
     # the embedded default's values (the composed config), not only the dataclasses'
-    assert "[agent]" in text.split("objective.name", 1)[1].splitlines()[0]
-    assert "[6]" in text.split("env.max_turns", 1)[1].splitlines()[0]
-    assert max(len(line) for line in text.splitlines()) <= 160
+    assert text.split("  objective.name", 1)[1].split()[0] == "agent"
+    assert text.split("  env.max_turns", 1)[1].split()[0] == "6"
+    assert text.split("  run.loggers", 1)[1].split()[0] == "[]"
+    assert max(len(line) for line in text.splitlines()) <= 110
 
 
 def test_every_main_key_is_a_field_of_the_config():
@@ -73,6 +97,13 @@ def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path):
     f.write_text("")
     with pytest.raises(StartupError, match=r"^run.dir: cannot write .*a_file/run \(.*\): set run.dir=PATH"):
         check_run_dir(str(f / "run"))
+    with pytest.raises(StartupError, match=r"^run.dir: .*a_file is a file, not a directory"):
+        check_run_dir(str(f))
+    with pytest.raises(StartupError, match=r"^run.dir: cannot write .*a_file/run \(.*a_file is not a writable "
+                                           r"directory\)"):
+        check_run_dir(str(f / "run"), create=False)
+    check_run_dir(str(tmp_path / "later" / "run"), create=False)
+    assert not (tmp_path / "later").exists()  # a dry run makes nothing
     check_run_dir(str(tmp_path / "new" / "run"))
     assert os.listdir(tmp_path / "new" / "run") == []  # the write check leaves nothing behind
 
@@ -92,9 +123,14 @@ def test_a_model_path_that_is_not_a_model_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
     with pytest.raises(StartupError, match=r"has a config.json but no weights \(\*.safetensors\)"):
         check_model_dir(str(tmp_path))
-    with pytest.raises(StartupError, match=r"builtin:nope does not exist: build it with python "
-                                           r"tools/build_tiny_agent.py"):
+    with pytest.raises(StartupError, match=r"^model.path: builtin:nope is not shipped: the builtin models are "
+                                           r"builtin:tiny_agent"):
         check_model_dir("builtin:nope")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    check_model_dir(str(tmp_path))  # enough for a non-agent objective
+    with pytest.raises(StartupError, match=r"has no tokenizer \(tokenizer.json or tokenizer_config.json\): an "
+                                           r"agent needs its chat template"):
+        check_model_dir(str(tmp_path), tokenizer=True)
     assert "Qwen3_5ForCausalLM" in check_model_dir("builtin:tiny_agent")
     assert "tiny model" in check_model_dir(None)
 
@@ -116,11 +152,31 @@ def test_dry_run_checks_everything_a_start_would_and_trains_nothing(tmp_path):
     assert lines[1] == "world: 1 rank(s) = dp 1 x tp 1"
     assert any(line.startswith("model: ") and "qwen3_5" in line for line in lines)
     assert "env: sudoku start-up check passed" in lines and "tasks: 256 training, 128 held-out" in lines
-    assert os.listdir(tmp_path / "run") == []  # nothing written: no config, ledger, model or metrics
+    assert not (tmp_path / "run").exists()  # nothing made: no run.dir, config, ledger, model or metrics
     (tmp_path / "tasks.jsonl").write_text("not json\n")
     bad = build_config(compose_config(f"run.dir={tmp_path / 'run'}", f"env.train_path={tmp_path / 'tasks.jsonl'}"), 1)
     with pytest.raises(StartupError, match=r"^env.name=sudoku: its tasks: "):
         dry_run(bad, 1)
+
+
+def test_a_run_dir_holding_another_run_is_refused_before_anything_starts(tmp_path):
+    from esopt_mp.identity import config_identity
+    from esopt_mp.startup import check_same_run
+
+    run = tmp_path / "run"
+    cfg = build_config(compose_config(f"run.dir={run}"), 1)
+    assert check_same_run(cfg) is None  # a new run.dir
+    run.mkdir()
+    ident = config_identity(cfg, ASSET)
+    (run / "config.json").write_text(json.dumps({"config_hash": ident["hash"], "identity": ident["fields"]}))
+    assert check_same_run(cfg).endswith("it resumes")
+    other = build_config(compose_config(f"run.dir={run}", "es.population=8"), 1)
+    with pytest.raises(StartupError, match=r"^run.dir: .*run holds another run \(it differs in: es.population 16 -> "
+                                           r"8\): rerun with that run's settings to resume it, or set run.dir to a "
+                                           r"new directory$"):
+        check_same_run(other)
+    with pytest.raises(StartupError, match="holds another run"):
+        dry_run(other, 1)
 
 
 def test_parallel_dp_auto_is_world_size_over_tp():

@@ -10,7 +10,7 @@ import dataclasses
 import os
 import typing
 
-from esopt_mp.typed import ConfigError, did_you_mean
+from esopt_mp.typed import ConfigError, did_you_mean, flatten
 
 # The keys a first run changes, one line each (``--help``); every one is a field of TrainConfig (a unit test
 # checks), and its default is read from the dataclasses, so the text cannot drift from the code.
@@ -131,14 +131,6 @@ def check_overrides(argv: list[str], config_dir: str) -> None:
                 hint = " (an environment is chosen with env.name=NAME)" if bare == "env" else ""
                 raise ConfigError(f"{bare}: unknown {what} {value!r}{did_you_mean(value, known)}; "
                                   f"known: {', '.join(known)}{hint}")
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        out.update(flatten(v, key) if isinstance(v, dict) else {key: v})
-    return out
 
 
 def help_text(config_dir: str, prog: str = "python launch/train.py", composed: dict | None = None) -> str:

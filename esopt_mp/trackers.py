@@ -16,7 +16,7 @@ import time
 import uuid
 
 from esopt_mp.envs.base import StartupError
-from esopt_mp.typed import ConfigError
+from esopt_mp.typed import ConfigError, flatten
 
 log = logging.getLogger(__name__)
 # name -> (the module it imports, the extra that installs it)
@@ -143,7 +143,7 @@ class MLflow:
 
         self.run_id = _kept_id(run_dir, "mlflow", new)
         if fresh:
-            params = [Param(k, str(v)[:500]) for k, v in _flat(config).items()]
+            params = [Param(k, str(v)[:500]) for k, v in flatten(config).items()]
             for i in range(0, len(params), 100):  # mlflow's limit per batch
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
 
@@ -155,17 +155,6 @@ class MLflow:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            out.update(_flat(v, key))
-        else:
-            out[key] = v
-    return out
 
 
 BUILDERS = {"tensorboard": TensorBoard, "wandb": Wandb, "mlflow": MLflow}

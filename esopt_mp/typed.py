@@ -82,6 +82,15 @@ def from_dict(cls, data: Any, prefix: str = "", _plain: bool = False):
     return cls(**kwargs)
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested mapping as dotted keys (``{"es": {"population": 8}}`` -> ``{"es.population": 8}``)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(flatten(v, key) if isinstance(v, dict) else {key: v})
+    return out
+
+
 def did_you_mean(word: str, choices, prefix: str = "") -> str:
     """``" (did you mean 'es.population'?)"`` for the closest of ``choices`` to a misspelt ``word``, else ``""``."""
     close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)

@@ -46,6 +46,12 @@ def step_line(name: str, t: int, total: int, rec: dict, held_out: float | None, 
             parts.append(f"{k} {rec[k]:.1e}")
     if held_out is not None:
         parts.append(f"held-out {held_out:.4f}")
+    failed = {k: v for k, v in (rec.get("episodes_failed") or {}).items() if v}
+    if failed:
+        parts.append("failed episodes " + ", ".join(f"{v} {k}" for k, v in failed.items()))
+    again = rec.get("retried") or {}
+    if any(again.values()):
+        parts.append(f"played again {again.get('episodes', 0)} episodes, {again.get('members', 0)} members")
     if isinstance(rec.get("step_s"), (int, float)):
         parts.append(f"{rec['step_s']:.1f} s/step")
     parts.append(f"ETA {eta(left_s)}")

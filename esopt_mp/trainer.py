@@ -12,6 +12,7 @@ the ledger ends.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from esopt_mp.progress import interactive
 from esopt_mp.models import build_shards, load_model, resolve_model_dir
 from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
-from esopt_mp.parallel import CommStats, ParallelDims, check_replicas, gather_returns
+from esopt_mp.parallel import CommStats, MemberQueue, ParallelDims, check_replicas, gather_returns
 from esopt_mp.health import Health
 from esopt_mp.runner import write_config
 
@@ -228,39 +229,39 @@ class ESTrainer:
             alpha = 0.0  # recorded so, and replay applies nothing
         local = {}
         perturb_s = restore_s = 0.0  # ES's own cost inside the step, beside the rollouts (tools/bench.py)
-        perturbed, mine = es_on and sigma > 0.0, set(dims.members(es.population))  # sigma 0 would change nothing
+        perturbed = es_on and sigma > 0.0  # sigma 0 would change nothing
         # a subtract restore leaves its rounding in the weights: every rank applies every member's perturb/restore in
         # member order (other dp groups' as noise passes only), so replicas, layouts and replay agree bit for bit
-        order = range(es.population) if perturbed and not exact_restore(es.restore, es.master) else sorted(mine)
-        for m in tqdm(order, desc=f"step {t} members", leave=False, disable=dims.rank != 0 or es.population < 4
-                      or not interactive()):
+        passes = perturbed and not exact_restore(es.restore, es.master)
+        queue = MemberQueue(dims, es.population, self.cfg.parallel.schedule)
+        self._reevaluated = 0
+        done = -1  # the last member whose perturbation this rank applied (or passed over)
+        bar = tqdm(total=es.population, desc=f"step {t} members", leave=False,
+                   disable=dims.rank != 0 or es.population < 4 or not interactive())
+        for m in itertools.chain(queue, [es.population]):  # this group's members as it claims them; then the end
             t1 = time.perf_counter()
+            for k in range(done + 1, m) if passes else ():  # other groups' members before m: noise passes
+                self.perturber.perturb(seeds[k], sigma, signs[k])
+                self.perturber.restore()
+            done = m
+            if m == es.population:
+                perturb_s += _since(t1)
+                break
             if perturbed:
                 self.perturber.perturb(seeds[m], sigma, signs[m])
-            if m not in mine:
-                self.perturber.restore()
-                perturb_s += _since(t1)
-                continue
             perturb_s += _since(t1)
             try:
-                member = Member(t, m, seeds[m], signs[m], m // 2 if es.mirrored else m)
-                local[m] = self.objective.evaluate_member(member)
-            except StartupError:
-                raise  # the objective cannot be played here (a harness that never calls its endpoint): every rank
-            except Exception as e:
-                if dims.tp > 1:
-                    raise  # a peer may be waiting inside a collective: fail loudly rather than hang
-                log.exception("member %d of step %d failed; its return counts as NaN", m, t)
-                self.health.note_error(f"member {m}: {type(e).__name__}: {e}")
-                local[m] = math.nan
+                local[m] = self._evaluate(Member(t, m, seeds[m], signs[m], m // 2 if es.mirrored else m))
             finally:
                 t1 = time.perf_counter()
                 if perturbed:
                     self.perturber.restore()
                 restore_s += _since(t1)
+            bar.update(1)
+        bar.close()
         t_eval = time.perf_counter()
         returns = gather_returns(local, es.population, dims)
-        failures = self._episode_failures()
+        failures, retries = self._episode_failures()
         weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()
         if alpha > 0.0:
@@ -276,6 +277,7 @@ class ESTrainer:
         }
         if failures is not None:  # failed episodes by kind: the model's (scored as losses) and the infrastructure's
             record["failures"] = failures
+            record["retries"] = retries  # played again: episodes after an infrastructure failure, members all failed
         if self.context is not None:  # context played, context after the step, programs evaluated
             record.update(self.context.step(t, self._step_trajectories()))
         self.ledger.append(record)
@@ -285,19 +287,51 @@ class ESTrainer:
         return {"step": t, "sigma": sigma, "alpha": alpha,
                 "return_mean": sum(ok) / len(ok) if ok else math.nan, "return_max": max(ok) if ok else math.nan,
                 "failed": es.population - len(ok), **({"episodes_failed": failures} if failures else {}),
+                **({"retried": retries} if retries and any(retries.values()) else {}),
                 "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
                 "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
                 "comm_bytes_total": self.comm.total,
                 **({"context": record["context_next"], "programs": record["programs"]} if self.context else {})}
 
-    def _episode_failures(self) -> dict | None:
-        """The step's failed training episodes by kind, summed over every rank (one small all-reduce); None for
-        objectives that play no episodes."""
+    def _evaluate(self, member: Member) -> float:
+        """The member's return (NaN: it failed). A member of an episodic objective whose every episode failed for
+        infrastructure reasons (its return NaN, each already played twice) is evaluated once more, not dropped."""
+        dims = self.dims
+        for attempt in (0, 1):
+            try:
+                r = self.objective.evaluate_member(member)
+            except StartupError:
+                raise  # the objective cannot be played here (a harness that never calls its endpoint): every rank
+            except Exception as e:
+                if dims.tp > 1:
+                    raise  # a peer may be waiting inside a collective: fail loudly rather than hang
+                log.exception("member %d of step %d failed; its return counts as NaN", member.index, member.step)
+                self.health.note_error(f"member {member.index}: {type(e).__name__}: {e}")
+                return math.nan
+            if attempt or not hasattr(self.objective, "take_retried"):
+                return r
+            failed = math.isnan(r)
+            if dims.tp > 1:  # the leader played the episodes (its peers' return is NaN): its verdict for the group
+                failed = dims.comm.broadcast_object(failed, src=dims.rank - dims.tp_rank, dim="tp")
+            if not failed:
+                return r
+            if dims.is_tp_leader:
+                log.warning("member %d of step %d: every episode failed for infrastructure reasons; evaluating it "
+                            "once more", member.index, member.step)
+            self._reevaluated += 1
+        return r
+
+    def _episode_failures(self) -> tuple[dict | None, dict | None]:
+        """The step's failed training episodes by kind and what was played again (episodes after an infrastructure
+        failure, members all of whose episodes failed so), summed over every rank (one small all-reduce); (None,
+        None) for objectives that play no episodes."""
         mine = self.objective.take_failures()
         if mine is None:
-            return None
-        counts = self.dims.comm.all_reduce(torch.tensor(mine, dtype=torch.float64), "sum", "world")
-        return {k: int(c) for k, c in zip(FAILURE_KINDS, counts.tolist())}
+            return None, None
+        again = [self.objective.take_retried(), self._reevaluated if self.dims.is_tp_leader else 0]
+        counts = self.dims.comm.all_reduce(torch.tensor(mine + again, dtype=torch.float64), "sum", "world")
+        counts = [int(c) for c in counts.tolist()]
+        return dict(zip(FAILURE_KINDS, counts)), dict(zip(("episodes", "members"), counts[len(FAILURE_KINDS):]))
 
     def _step_trajectories(self) -> list:
         """All dp groups' training trajectories of this step, on every rank, in member order (as one group

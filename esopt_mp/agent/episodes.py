@@ -8,6 +8,7 @@ tp > 1 the TP leader plays, inside its engine's ``lead``; its peers follow and g
 """
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections import Counter
@@ -19,6 +20,8 @@ from esopt_mp.engine.tp import replicated
 from esopt_mp.envs import FAILURE_KINDS, StartupError
 from esopt_mp.es.seeds import stream_seed
 
+log = logging.getLogger(__name__)
+
 
 def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
     """(train, eval) tasks of the configured environment (``cfg``: the ``env`` section), from its spec."""
@@ -26,12 +29,30 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
 
 
 class EpisodeTally:
-    """What a player keeps of the episodes it played: a few recent errors (health warnings) and the failed training
-    episodes by kind since the last :meth:`take_failures` (both players: the environment's and the harness's)."""
+    """What a player keeps of the episodes it played: a few recent errors (health warnings), the failed training
+    episodes by kind and the training episodes played again since the last :meth:`take_failures` (both players:
+    the environment's and the harness's)."""
 
     def __init__(self):
         self.recent_errors: list[str] = []
         self.failures: Counter = Counter()
+        self.retried = 0
+
+    def play_retrying(self, attempt, n: int, kind=None) -> list:
+        """``attempt(indices)``: the episodes of those of the ``n`` tasks. An episode the infrastructure failed (a
+        site down, a sandbox that would not start) is played once more, same task and seed; the second attempt
+        counts, whatever it gives, and carries the first one's error."""
+        eps = attempt(list(range(n)))
+        again = [i for i, e in enumerate(eps) if e.failure == "infra"]
+        if again:
+            log.warning("%d of %d episodes failed for infrastructure reasons; playing them once more (first: %s)",
+                        len(again), n, eps[again[0]].error)
+            for i, ep in zip(again, attempt(again)):
+                ep.retried = eps[i].error or "infra"
+                eps[i] = ep
+            if kind == "train":
+                self.retried += len(again)
+        return eps
 
     def tally(self, eps, kind) -> None:
         self.recent_errors = [f"episode {e.id}: {e.error}" for e in eps if e.error][:3]
@@ -42,6 +63,11 @@ class EpisodeTally:
         """Failed training episodes this rank played since the last call, per kind of ``FAILURE_KINDS``."""
         counts, self.failures = self.failures, Counter()
         return [counts[k] for k in FAILURE_KINDS]
+
+    def take_retried(self) -> int:
+        """Training episodes this rank played again after an infrastructure failure since the last call."""
+        n, self.retried = self.retried, 0
+        return n
 
 
 class EpisodePlayer(EpisodeTally):
@@ -84,11 +110,24 @@ class EpisodePlayer(EpisodeTally):
                                 default=[])
 
     def _play(self, tasks, seeds, cfg, render, slots, ctx_seeds, tags) -> list:
+        slots = list(range(len(tasks))) if slots is None else list(slots)
+        ctx_seeds = list(seeds) if ctx_seeds is None else list(ctx_seeds)
+
+        def attempt(idx):
+            return self._attempt([tasks[i] for i in idx], [seeds[i] for i in idx], cfg, render,
+                                 [slots[i] for i in idx], [ctx_seeds[i] for i in idx])
+
+        eps = self.play_retrying(attempt, len(tasks), tags.get("kind"))
+        if self.traj_path:
+            write_trajectories(self.traj_path, eps, **tags)
+        self.tally(eps, tags.get("kind"))
+        return eps
+
+    def _attempt(self, tasks, seeds, cfg, render, slots, ctx_seeds) -> list:
+        """One attempt at the episodes of ``tasks``, each in a fresh environment."""
         envs = [self.make_env(self.cfg.max_turns) for _ in tasks]
         # an environment may cap the episodes played at once (one browser each, say)
         group = self._group(len(tasks))
-        slots = list(range(len(tasks))) if slots is None else list(slots)
-        ctx_seeds = list(seeds) if ctx_seeds is None else list(ctx_seeds)
         eps = []
         try:
             for a in range(0, len(tasks), group):
@@ -98,9 +137,6 @@ class EpisodePlayer(EpisodeTally):
         finally:
             for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
                 getattr(env, "close", lambda: None)()
-        if self.traj_path:
-            write_trajectories(self.traj_path, eps, **tags)
-        self.tally(eps, tags.get("kind"))
         return eps
 
     def make_env(self, max_turns: int):

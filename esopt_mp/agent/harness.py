@@ -96,10 +96,32 @@ class HarnessPlayer(EpisodeTally):
         return self.engine.lead(lambda: self._play(tasks, seeds, sampling, slots, tags), sampling, default=[])
 
     def _play(self, tasks, seeds, sampling, slots, tags) -> list[Episode]:
-        o = self.obj
         model = (f"member-{tags['step']}-{tags['member']}" if tags.get("kind") == "train"
                  else f"{tags.get('kind', 'eval')}-{tags.get('round', 0)}")
         slots = list(range(len(tasks))) if slots is None else list(slots)
+        runs = []  # (episodes, their requests) of each attempt
+
+        def attempt(idx):
+            runs.append(self._attempt([tasks[i] for i in idx], [seeds[i] for i in idx], sampling,
+                                      [slots[i] for i in idx], model))
+            return runs[-1][0]
+
+        eps = self.play_retrying(attempt, len(tasks), tags.get("kind"))
+        self.never_called = runs[0][2]  # whether the harness calls its endpoint at all: the whole first attempt says
+        records = list(runs[0][1])
+        if len(runs) > 1:  # a retried episode's requests are its second attempt's
+            again = [i for i, e in enumerate(eps) if e.retried is not None]
+            for i, reqs in zip(again, runs[1][1]):
+                records[i] = reqs
+        if self.traj_path:
+            write_requests(self.traj_path, eps, records, **tags)
+        self.tally(eps, tags.get("kind"))
+        return eps
+
+    def _attempt(self, tasks, seeds, sampling, slots, model) -> tuple[list[Episode], list[list], str | None]:
+        """One harness run per task against the member served as ``model``: (its episodes, their requests, why none
+        called the endpoint or None)."""
+        o = self.obj
         with self.server.member(model, list(seeds), sampling) as m:
             urls = [m.routes[k].base_url for k in range(len(tasks))]
             pool = HarnessPool([self._job(u, model, t) for u, t in zip(urls, tasks)], o.concurrency, o.timeout_s,
@@ -122,17 +144,14 @@ class HarnessPlayer(EpisodeTally):
             eps.append(ep)
             if out.failure:
                 log.warning("episode %s of %s failed (%s): %s", ep.id, model, out.failure, out.error)
-        self.never_called = None if any(calls) or not tasks else (
+        never_called = None if any(calls) or not tasks else (
             f"{self.form}: none of the {len(tasks)} episodes of {model} got a reply from the endpoint it was given "
             f"(e.g. {urls[0]}): " + (f"the first episode: {eps[0].error}" if any(records) else
                                      "no request for this member reached it; send the harness's chat requests to "
                                      "that base URL, naming the model it was given "
                                      "(a command: $OPENAI_BASE_URL)" + (f"; the first episode: {eps[0].error}"
                                                                          if eps[0].error else "")))
-        if self.traj_path:
-            write_requests(self.traj_path, eps, records, **tags)
-        self.tally(eps, tags.get("kind"))
-        return eps
+        return eps, records, never_called
 
 
 def _unanswered(records: list, url: str) -> str:
@@ -188,6 +207,10 @@ class HarnessObjective:
 
     def take_failures(self) -> list[int]:
         return self.player.take_failures()
+
+    def take_retried(self) -> int:
+        """Training episodes this rank played again after an infrastructure failure since the last call."""
+        return self.player.take_retried()
 
     def take_trajectories(self) -> list:
         return []

@@ -55,11 +55,14 @@ class Episode:
     seconds: float = 0.0
     token_ids: list = dataclasses.field(default_factory=list)
     spans: list = dataclasses.field(default_factory=list)  # [start, end) of each turn's generated tokens in token_ids
+    retried: str | None = None  # played again after an infrastructure failure: that first attempt's error
 
     def to_json(self) -> dict:
         """The trajectory record (turns are JSON already: no deep copy, which a deep ``info`` would recurse in)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_RECORDED}
         d["return"] = None if math.isnan(self.ret) else self.ret
+        if self.retried is None:
+            d.pop("retried")
         return d
 
 

@@ -54,6 +54,10 @@ class AgentObjective:
         """Failed training episodes this rank played since the last call, per kind of ``FAILURE_KINDS``."""
         return self.player.take_failures()
 
+    def take_retried(self) -> int:
+        """Training episodes this rank played again after an infrastructure failure since the last call."""
+        return self.player.take_retried()
+
     def take_trajectories(self) -> list:
         """This rank's training trajectories since the last call (the context optimiser's; TP peers hold none)."""
         out, self.trajectories = self.trajectories, []

@@ -7,7 +7,7 @@ from esopt_mp.lazy import lazy_exports
 _EXPORTS = {
     "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "comm", "check_replicas": "comm", "first_failure": "comm",
     "gather_returns": "comm", "shard_checksum": "comm", "ParallelDims": "dims", "close_distributed": "dims",
-    "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
+    "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher", "MemberQueue": "schedule",
     "cpu_threads": "launcher", "discover": "launcher", "first_slurm_host": "launcher",
 }
 __all__ = sorted(_EXPORTS)

@@ -13,6 +13,7 @@ from esopt_mp.typed import check, check_choice
 BACKENDS = ("auto", "nccl", "gloo")
 AUTO = "auto"  # parallel.dp: every rank the tp groups leave, world size / tp
 LAUNCHERS = ("auto", "deepspeed")
+SCHEDULES = ("dynamic", "static")  # which dp group evaluates which member (esopt_mp/parallel/schedule.py)
 
 
 def check_layout(dp, tp, world_size: int | None = None) -> None:
@@ -42,6 +43,7 @@ class ParallelConfig:
     tp: int = 1
     backend: str = "auto"
     launcher: str = "auto"  # auto | deepspeed (initialise through deepspeed.init_distributed)
+    schedule: str = "dynamic"  # dynamic: groups take the next member when free; static: member m on group m % dp
     checksum_every: int = 10
     timeout_s: float = 1800.0  # of every collective (init_process_group): the longest a rank may wait for the others
 
@@ -49,6 +51,7 @@ class ParallelConfig:
         check_layout(self.dp, self.tp)
         check_choice(self.backend, BACKENDS, f"{key}.backend")
         check_choice(self.launcher, LAUNCHERS, f"{key}.launcher")
+        check_choice(self.schedule, SCHEDULES, f"{key}.schedule")
         check(self.checksum_every >= 0, f"{key}.checksum_every", f"must be >= 0, got {self.checksum_every}")
         check_timeout(self.timeout_s)
 

@@ -112,3 +112,42 @@ def sudoku_tp_worker(rank: int, world: int, model_path: str, out_path: str, budg
                                            list(range(16)), cfg), cfg.sampling)
     ids = [e.token_ids for e in eps] if eps is not None else engine.followed  # the peer: what it followed
     torch.save({"ids": ids, "stats": engine.stats.__dict__}, f"{out_path}.{rank}")
+
+
+def schedule_worker(rank: int, world: int, model_path: str, run_dir: str, out_path: str, steps: int) -> None:
+    """ES runs at dp = world under each (schedule, restore): their ledgers and final weights, and which members each
+    dp group evaluated. Under the dynamic schedule member 0 of every step is held until every other member of the
+    step has been evaluated, so its group evaluates member 0 alone while the others share the rest."""
+    import time
+
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    dims = init_distributed(discover(), world, 1)
+    store = _get_default_store() if world > 1 else None
+    result = {}
+    for schedule, restore in (("dynamic", "snapshot"), ("dynamic", "subtract"), ("static", "snapshot")):
+        cfg = _cfg(world, 1, model_path, f"{run_dir}/{schedule}_{restore}", "target_logprob", steps, restore=restore)
+        cfg.parallel.schedule = schedule
+        trainer = ESTrainer(cfg, dims)
+        evaluate, ran = trainer.objective.evaluate_member, []
+
+        def held_back(member, evaluate=evaluate, ran=ran, key=f"{schedule}_{restore}"):
+            if store is not None and member.index == 0 and schedule == "dynamic":
+                deadline = time.monotonic() + 120
+                while int(store.add(f"{key}/{member.step}", 0)) < cfg.es.population - 1:
+                    assert time.monotonic() < deadline, "the other members were never evaluated"
+                    time.sleep(0.01)
+            r = evaluate(member)
+            ran.append((member.step, member.index))
+            if store is not None and member.index != 0:
+                store.add(f"{key}/{member.step}", 1)
+            return r
+
+        trainer.objective.evaluate_member = held_back
+        for t in range(steps):
+            trainer.step(t)
+        result[(schedule, restore)] = {"ledger": trainer.ledger.read(), "weights": full_state_dict(trainer.model),
+                                       "ran": dims.comm.all_gather_object(ran)}
+        trainer.close()
+    if rank == 0:
+        torch.save(result, out_path)

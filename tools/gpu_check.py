@@ -1,7 +1,8 @@
 """One GPU, one JSON line: hf vs vllm engines on a Qwen3.5 shape with random bf16 weights (tools/gpu_check.sh).
 
-    python tools/gpu_check.py                   # 4B shape on CUDA (falls back to 0.4b if memory is short)
+    python tools/gpu_check.py                   # 4B shape on CUDA
     python tools/gpu_check.py --shape tiny32    # the same code path on CPU (vLLM in reload mode), minutes
+    python tools/gpu_check.py --engines hf      # the hf engine alone (vLLM is then reported as not available)
 
 Per engine: generated tokens/s on a fixed multi-turn workload (EOS ignored,
 every turn full length), the ES overhead of a step (perturb + restore per
@@ -13,6 +14,17 @@ form of the hf engine's (bitwise, bf16), whether vLLM's own live tensors hold
 them, and whether what vLLM computes moved with the perturbation and matches
 the hf engine's next-token log-probs. With --graphs (CUDA graphs captured) the
 last two say whether in-place edits reach the captured graphs.
+
+Device memory is read twice: torch's allocator (``peak_*``: max_memory_allocated) and,
+under ``memory``, a sampler every 10 ms (esopt_mp.profiling.MemorySampler: NVML's
+figure for this process, else the device's used memory; torch's allocated and
+reserved peaks; host RSS; on CPU the host figures alone).
+
+Without vLLM (not installed, or it fails to import) the hf measurements are made
+all the same and ``vllm`` reads ``{"available": false, "reason": ...}``; vLLM is not
+imported at all unless it is asked for and the hf part is done. A part that fails
+is reported with its error and traceback tail, and the JSON line is printed anyway
+(exit status 1).
 """
 from __future__ import annotations
 
@@ -23,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,11 +81,11 @@ def workload(engine, vocab: int, batch: int, turns: int, new_tokens: int, seed: 
     return n, time.perf_counter() - t0
 
 
-def es_steps(weights, engine, vocab, args) -> dict:
+def es_steps(weights, engine, vocab, args, mark=None) -> dict:
     """Two ES steps of ``args.members`` members; ES cost = perturb + restore (+ reload) + update.
 
     One untimed perturb / restore / update first: Triton compiles its kernels on first use, which is
-    not a per-step cost."""
+    not a per-step cost. ``mark``: called when the measured steps begin (the memory sampler's phase)."""
     weights.perturb(1, 0.01, 1)
     weights.restore()
     weights.update([1], [1], [0.0], 0.0)
@@ -80,6 +93,8 @@ def es_steps(weights, engine, vocab, args) -> dict:
     es_s = total = 0.0
     tokens = 0
     _peak_reset()
+    if mark is not None:
+        mark()
     for step in range(2):
         t_step = time.perf_counter()
         for m in range(args.members):
@@ -134,14 +149,43 @@ def run_engine(name: str, path: str, args) -> tuple[dict, object, object]:
     _peak_reset()
     workload(engine, vocab, args.batch, args.turns, args.new_tokens, seed=99)  # warm-up, not timed
     _peak_reset()
-    n, s = workload(engine, vocab, args.batch, args.turns, args.new_tokens)
-    out = {"tokens_per_s": round(n / s, 1), "tokens": n, "peak_inference": _peak()}
-    if name == "vllm":
-        out["weight_sync"] = summary["sync"]
-    out.update(es_steps(weights, engine, vocab, args))
+    sampler = _sampler()
+    if sampler is not None:
+        sampler.mark("inference")
+    try:
+        n, s = workload(engine, vocab, args.batch, args.turns, args.new_tokens)
+        out = {"tokens_per_s": round(n / s, 1), "tokens": n, "peak_inference": _peak()}
+        if name == "vllm":
+            out["weight_sync"] = summary["sync"]
+        out.update(es_steps(weights, engine, vocab, args,
+                            mark=(lambda: sampler.mark("es")) if sampler is not None else None))
+    finally:
+        if sampler is not None:
+            sampler.stop()
     if out["peak_inference"]:
         out["es_over_inference"] = round(out["peak_es"] / out["peak_inference"], 4)
+    if sampler is not None:
+        out["memory"] = memory_figures(sampler)
     return out, engine, weights
+
+
+def _sampler():
+    """A started MemorySampler (NVML where it can), or None if it cannot run here (no psutil)."""
+    try:
+        from esopt_mp.profiling.sampler import MemorySampler
+
+        return MemorySampler(interval_s=0.01).start()
+    except Exception:  # noqa: BLE001 - the figures without it are still worth having
+        traceback.print_exc()
+        return None
+
+
+def memory_figures(sampler) -> dict:
+    """Per phase (inference = the timed workload, es = the ES steps) the sampler's peaks, and ES over inference for
+    each figure both phases have: device_peak_bytes (NVML), torch_max_allocated/reserved_bytes, host_peak_bytes."""
+    inf, es = sampler.peak(["inference"]), sampler.peak(["es"])
+    return {"counter": sampler.device_counter, "nvml": sampler.nvml is not None, "inference": inf, "es": es,
+            "es_over_inference": {k: round(es[k] / inf[k], 4) for k in inf if k in es and inf[k]}}
 
 
 PROMPT = [5, 77, 300, 12, 9, 450, 33, 100, 7, 64, 201, 19]
@@ -208,9 +252,25 @@ def compare_with_hf(ref: dict, engine, weights) -> dict:
             "perturbed_logprob_diff_vs_hf": _lp_diff(pert, ref["pert_lp"])}
 
 
-def main() -> None:
+def vllm_unavailable(engines: list[str]) -> str | None:
+    """Why vLLM cannot be measured here, or None: it is imported only now, after the hf part."""
+    if "vllm" not in engines:
+        return f"not asked for (--engines {','.join(engines)})"
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError, or a build that fails on this machine at import
+        return f"vllm does not import: {type(e).__name__}: {e}"
+    return None
+
+
+def _error(e: BaseException) -> dict:
+    return {"error": f"{type(e).__name__}: {e}", "traceback_tail": traceback.format_exc()[-1500:]}
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default=None, help="Qwen3.5 shape (default: 4b on CUDA, tiny32 on CPU)")
+    ap.add_argument("--engines", default="hf,vllm", help="comma-separated, of hf and vllm (default: both)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -220,6 +280,9 @@ def main() -> None:
     ap.add_argument("--graphs", action="store_true", help="vLLM with CUDA graphs (enforce_eager=false)")
     ap.add_argument("--dir", default=None, help="keep the random checkpoint here for a rerun (default: a temp dir)")
     args = ap.parse_args()
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - {"hf", "vllm"}:
+        ap.error(f"--engines takes hf and/or vllm, got {args.engines!r}")
     import torch
 
     from esopt_mp.profiling.shapes import write_random_checkpoint
@@ -229,24 +292,53 @@ def main() -> None:
     t0 = time.perf_counter()
     res: dict = {"shape": shape, "device": torch.cuda.get_device_name() if cuda else "cpu",
                  "graphs": args.graphs}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_random_checkpoint(shape, os.path.join(args.dir or tmp, shape))
-        res["checkpoint_s"] = round(time.perf_counter() - t0, 1)
-        hf, hf_engine, hf_weights = run_engine("hf", path, args)
-        res["hf"] = hf
-        ref = hf_reference(hf_engine.model, hf_weights)
-        del hf_engine, hf_weights  # vLLM's memory is measured without the hf model beside it
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-        vl, v_engine, v_weights = run_engine("vllm", path, args)
-        res["vllm"] = vl
-        res.update(compare_with_hf(ref, v_engine, v_weights))
-        res["vllm_over_hf_tokens_per_s"] = round(vl["tokens_per_s"] / hf["tokens_per_s"], 3)
-        v_engine.close()
-    res["seconds"] = round(time.perf_counter() - t0, 1)
-    print(json.dumps(res))
+    failed = False
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_random_checkpoint(shape, os.path.join(args.dir or tmp, shape))
+            res["checkpoint_s"] = round(time.perf_counter() - t0, 1)
+            hf = hf_engine = hf_weights = None
+            if "hf" in engines:
+                try:
+                    hf, hf_engine, hf_weights = run_engine("hf", path, args)
+                    res["hf"] = hf
+                except Exception as e:  # noqa: BLE001 - reported; vLLM is still measured
+                    res["hf"], failed = _error(e), True
+            reason = vllm_unavailable(engines)
+            if reason:
+                res["vllm"] = {"available": False, "reason": reason}
+            else:
+                ref = None
+                if hf_engine is not None:
+                    try:
+                        ref = hf_reference(hf_engine.model, hf_weights)
+                    except Exception as e:  # noqa: BLE001
+                        res["hf_reference"], failed = _error(e), True
+                del hf_engine, hf_weights  # vLLM's memory is measured without the hf model beside it
+                gc.collect()
+                if cuda:
+                    torch.cuda.empty_cache()
+                try:
+                    vl, v_engine, v_weights = run_engine("vllm", path, args)
+                    res["vllm"] = {"available": True, **vl}
+                    try:
+                        if ref is not None:
+                            res.update(compare_with_hf(ref, v_engine, v_weights))
+                        if hf is not None:
+                            res["vllm_over_hf_tokens_per_s"] = round(vl["tokens_per_s"] / hf["tokens_per_s"], 3)
+                    except Exception as e:  # noqa: BLE001
+                        res["compare"], failed = _error(e), True
+                    v_engine.close()
+                except Exception as e:  # noqa: BLE001
+                    res["vllm"], failed = {"available": True, **_error(e)}, True
+    except Exception as e:  # noqa: BLE001 - the checkpoint, or what no part caught: the line is printed anyway
+        res.update(_error(e))
+        failed = True
+    finally:
+        res["seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(res), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,8 +5,9 @@ loaded through esopt_mp.models.load_model as training loads it, sharded at
 tp > 1), the same fixed workload (batch, turns, prompts, new tokens: see
 esopt_mp/profiling/workload.py) and runs in a fresh process per profile and
 rank, so no peak leaks from one profile into the next. Prints one JSON object
-(also written to OUT/memprof.json) and writes OUT/memprof_bars.png and
-OUT/memprof_timeline.png.
+(also written to OUT/memprof.json; its "versions" say what produced the figures:
+Python, the platform, torch, transformers, Triton, vLLM, the driver) and writes
+OUT/memprof_bars.png and OUT/memprof_timeline.png.
 
 ES chunk: the update streams the weights in chunks of --chunk-elems (default: the trainer's
 es.chunk_elems, 2^24) with one fp32 accumulator and applies the sum block by block, so the update
@@ -34,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from esopt_mp.profiling.profiles import BASELINES, ES_MODES, PROFILES, ProfileOptions  # noqa: E402
+from esopt_mp.profiling.versions import library_versions  # noqa: E402
 from esopt_mp.profiling.workload import Workload  # noqa: E402
 
 CPU_METHOD = ("CPU (no device): figures per rank. host_peak_bytes = peak resident set (psutil RSS sampled every "
@@ -296,6 +298,7 @@ def main(argv=None) -> int:
                                                                          "tie_word_embeddings")},
                   "dtype": "bfloat16", "tp": a.tp},
         "workload": wl.to_dict(), "method": method, "nvml": nvml, "device": "cpu" if cpu else "cuda",
+        "versions": library_versions(),  # what produced these figures: python, platform, torch, transformers...
         "profiles": profs,
         "ratios": {"es_over_inference": _ratio(profs, "es_subtract", "inference"),
                    "grpo_over_es": _ratio(profs, "grpo", "es_subtract"),

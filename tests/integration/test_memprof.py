@@ -1,6 +1,7 @@
 """tools/memprof.py end to end on the tiny shape: stable JSON keys, both figures, host-by-design bytes."""
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -41,3 +42,6 @@ def test_memprof_tiny(tmp_path):
     for png in ("memprof_bars.png", "memprof_timeline.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / ".ckpt-tiny").exists()  # the random checkpoint is removed unless --keep-checkpoint
+    v = r["versions"]  # what produced the figures
+    assert v["python"] == platform.python_version() and v["platform"] and v["torch"] and v["transformers"]
+    assert {"triton", "vllm", "cuda", "driver", "gpus"} <= set(v)

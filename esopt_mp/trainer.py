@@ -1,10 +1,13 @@
 """ESTrainer: build, step, evaluate, checkpoint, close; :func:`esopt_mp.runner.run` drives it.
 
 One ES step as data flow: member seeds from (run seed, step) on every rank;
-each dp group perturbs, evaluates and restores its own members
-(m % dp == dp_rank), TP peers joining the sharded forward passes; one
-all-gather of the G returns; every rank shapes them and updates its own shard;
-rank 0 appends the step to the ledger. At the end of every step the run loop
+each dp group takes members from the step's queue as it becomes free
+(``parallel.schedule``: dynamic, or member m on group m % dp), perturbs,
+evaluates and restores each, TP peers joining the sharded forward passes; an
+infrastructure-failed episode is played once more, a member all of whose
+episodes failed so evaluated once more; one all-gather of the G returns; every
+rank shapes them and updates its own shard; rank 0 appends the step to the
+ledger (with the failures and what was played again). At the end of every step the run loop
 has the ranks agree (one all-reduce) on whether any of them was asked to stop,
 so all checkpoint and exit after the same step. A restarted run loads the
 newest complete checkpoint, replays the ledger tail and continues exactly where
@@ -37,6 +40,7 @@ from esopt_mp.models import build_shards, load_model, resolve_model_dir
 from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, MemberQueue, ParallelDims, check_replicas, gather_returns
+from esopt_mp.profiling.sampler import malloc_trim
 from esopt_mp.health import Health
 from esopt_mp.runner import write_config
 
@@ -59,6 +63,15 @@ def _schedule(cfg, steps: int) -> Schedule:
         v = cfg.start if cfg.kind == "constant" else cfg.end
         return Schedule("constant", v, v, 1)
     return Schedule(cfg.kind, cfg.start, cfg.end, steps - 1)
+
+
+def noise_passes(es, dp: int) -> float:
+    """How many times a run regenerates each local element's noise: per step, a perturb of each member its group
+    evaluates (every member, plus a restore each, under a subtract restore) and the update's sum over all G."""
+    per_step = es.population / dp + es.population
+    if not exact_restore(es.restore, es.master):
+        per_step = 3 * es.population
+    return es.steps * per_step
 
 
 class ESTrainer:
@@ -91,13 +104,15 @@ class ESTrainer:
         else:
             self.model = load_model(path, dims, cfg.model.dtype)
             self.perturber = Perturber(build_shards(self.model, es.include, es.exclude), restore=es.restore,
-                                       master=es.master, chunk_elems=es.chunk_elems, noise_backend=es.noise_backend)
+                                       master=es.master, chunk_elems=es.chunk_elems, noise_backend=es.noise_backend,
+                                       work_passes=noise_passes(es, dims.dp))
             self._build_rest(cfg, dims, path, None)
 
     def _build_rest(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
         """Objective, schedules, ledger and resume: the same for both engines."""
         es = cfg.es
         self.shards = self.perturber.shards
+        self._host_weights = any(s.tensor.device.type == "cpu" for s in self.shards)
         self.engine, self.context = None, None  # the agent's engine; the context optimiser's side (prompt.*)
         if cfg.objective.name == "agent":
             self._build_agent(cfg, dims, path, engine)
@@ -265,6 +280,8 @@ class ESTrainer:
         weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()
         if alpha > 0.0:
+            if self._host_weights:  # the rollouts' freed heap back to the system before the update's fp32 chunk
+                malloc_trim()
             self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
         update_s = _since(t1)
         if self.cfg.parallel.checksum_every and (t + 1) % self.cfg.parallel.checksum_every == 0:

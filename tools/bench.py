@@ -9,6 +9,11 @@ Sections (each in its own try/except: a failure is reported in its entry and the
   ``update_s`` of ``ESTrainer.step``) over the step's rollout time (its ``rollout_s`` less perturb and
   restore) on the embedded default (configs/config.yaml: the shipped tiny agent on 4x4 Sudoku) at population
   4 instead of 16, every other setting unchanged;
+- ``throughput``: tokens/s of whole ES steps on the embedded default over tokens/s of the same members' rollouts
+  at sigma 0 with no perturb, restore, update, gather, ledger or checkpoint, interleaved step by step, with what
+  each part costs (tools/bench_throughput.py);
+- ``schedule``: ES step time with static and with dynamic member scheduling at dp=2 and dp=4, episodes waiting
+  log-normal times on a synthetic slow site (tools/bench_schedule.py);
 - ``comm``: bytes an ES step sends vs an fp32 all-reduce of every rank's shard over dp (a data-parallel
   gradient step), counted at the collectives and read from the loopback counters (tools/bench_comm.py);
 - ``memory``: the memory profiler's ratios and peaks (tools/memprof.py, run as a subprocess);
@@ -42,7 +47,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-SECTIONS = ("noise", "es_overhead", "comm", "memory", "rollout", "endpoint")
+SECTIONS = ("noise", "es_overhead", "throughput", "schedule", "comm", "memory", "rollout", "endpoint")
 # headline ratio -> what it compares (the markdown table's rows, in this order)
 HEADLINES = {
     "noise.compiled_over_randn": "counter-based noise (torch.compile) elements/s / torch.randn elements/s",
@@ -52,6 +57,10 @@ HEADLINES = {
     "noise.update_G32_over_randn": "fused update, G=32: noise elements/s / torch.randn elements/s",
     "noise.update_G32_over_copy": "fused update, G=32: noise elements/s / fp32 copy elements/s",
     "es_overhead.overhead_over_rollout": "ES step's perturb + restore + update time / its rollout time",
+    "throughput.es_over_inference": "ES step tokens/s / the same rollouts' tokens/s at sigma 0 with nothing else",
+    "throughput.es_over_inference_with_compile": "the same, the noise kernel's one-time compile spread over the run",
+    "schedule.static_over_dynamic_dp2": "step time, static / dynamic member scheduling, log-normal episodes, dp=2",
+    "schedule.static_over_dynamic_dp4": "step time, static / dynamic member scheduling, log-normal episodes, dp=4",
     "comm.grad_over_es_counted": "fp32 gradient all-reduce bytes / ES step bytes (counted, dp=2)",
     "comm.grad_over_es_kernel": "fp32 gradient all-reduce bytes / ES step bytes (loopback counters, dp=2)",
     "memory.es_over_inference": "ES step (subtract) device peak / inference device peak",
@@ -116,6 +125,20 @@ def section_es_overhead(a) -> dict:
             "per_step_s": {k: v / steps for k, v in sums.items()}, "es_s_per_step": es / steps,
             "rollout_only_s_per_step": rollout / steps,
             "headline": {"overhead_over_rollout": es / rollout, "overhead_over_step": es / sums["step_s"]}}
+
+
+def section_throughput(a) -> dict:
+    from tools import bench_throughput
+
+    return bench_throughput.measure(1 if a.quick else a.throughput_steps, ["es.population=4"] if a.quick else [])
+
+
+def section_schedule(a) -> dict:
+    from tools import bench_schedule
+
+    if a.quick:
+        return bench_schedule.run([2], 1, 4, 0.05, 1.5, 1)
+    return bench_schedule.run([2, 4], 3, 16, 0.5, 1.5, 1)
 
 
 def section_comm(a) -> dict:
@@ -285,6 +308,7 @@ def main() -> None:
     ap.add_argument("--from-json", help="render --markdown from a saved report instead of running")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     ap.add_argument("--es-steps", type=int, default=2, help="ES steps measured on the embedded default")
+    ap.add_argument("--throughput-steps", type=int, default=6, help="ES steps of the throughput section")
     ap.add_argument("--comm-layouts", default="2x1,2x2", help="DPxTP worlds for the comm section")
     ap.add_argument("--memprof-shape", default="tiny", help="tools/memprof.py --shape (e.g. tiny, 0.4b)")
     ap.add_argument("--memprof-out", help="keep memprof's JSON and plots in this directory")

@@ -39,7 +39,8 @@ from esopt_mp.profiling.versions import library_versions  # noqa: E402
 from esopt_mp.profiling.workload import Workload  # noqa: E402
 
 CPU_METHOD = ("CPU (no device): figures per rank. host_peak_bytes = peak resident set (psutil RSS sampled every "
-              "{ms} ms, max'ed with the kernel's VmHWM reset at each phase mark) from model loaded to step end; "
+              "{ms} ms, max'ed with the kernel's VmHWM reset at each phase mark) from model loaded to step end, "
+              "{trim}; "
               "baseline_bytes = RSS after imports and process-group setup, before the model exists; "
               "device_peak_bytes (device-equivalent) = host peak above baseline minus host_by_design_bytes "
               "(Perturber.host_bytes: the snapshot / fp32 master, which live on the host by design); "
@@ -47,8 +48,9 @@ CPU_METHOD = ("CPU (no device): figures per rank. host_peak_bytes = peak residen
               "phase mark, so it can read below the sampled peak")
 GPU_METHOD = ("GPU: device_peak_bytes = peak of {counter} sampled every {ms} ms from model loaded to step end "
               "(nvml_process: this process's usedGpuMemory; nvml_device: the whole device's used memory; torch: "
-              "max_memory_reserved); torch_max_allocated/reserved_bytes beside it; host figures from RSS as on CPU; "
-              "host_by_design_bytes (snapshot / fp32 master) live in host RAM and are not in the device figure")
+              "max_memory_reserved); torch_max_allocated/reserved_bytes beside it; host figures from RSS as on CPU "
+              "({trim}); host_by_design_bytes (snapshot / fp32 master) live in host RAM and are not in the device "
+              "figure")
 COMMON = ("Same weights, batch, prompts and generated tokens in every profile (bf16, EOS ignored, KV and recurrent "
           "state grow with the context as the HF engine keeps them; no preallocated KV pool); one fresh process per "
           "profile and rank; ES: {pop} members (mirrored), chunk_elems {chunk}; grpo/ppo: one update of "
@@ -66,6 +68,8 @@ def _args(argv=None):
     ap.add_argument("--population", type=int, default=ProfileOptions.population)
     ap.add_argument("--chunk-elems", type=int, default=ProfileOptions.chunk_elems, help="ES es.chunk_elems")
     ap.add_argument("--grad-checkpointing", action="store_true")
+    ap.add_argument("--no-malloc-trim", dest="malloc_trim", action="store_false",
+                    help="keep glibc's freed heap in RSS across phase marks (default: malloc_trim(0) at each mark)")
     ap.add_argument("--interval-ms", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank (memory does not "
                     "depend on it; more threads than free cores made a bf16 decode 40x slower on a shared CPU)")
@@ -89,7 +93,7 @@ def _options(a) -> ProfileOptions:
     if a.chunk_elems < 1024:
         raise ValueError(f"--chunk-elems must be >= 1024, got {a.chunk_elems}")
     return ProfileOptions(population=a.population, chunk_elems=a.chunk_elems,
-                          grad_checkpointing=a.grad_checkpointing, seed=a.seed)
+                          grad_checkpointing=a.grad_checkpointing, seed=a.seed, malloc_trim=a.malloc_trim)
 
 
 def _fail(msg: str) -> int:
@@ -253,6 +257,7 @@ def main(argv=None) -> int:
     flags += [f"--population={a.population}", f"--chunk-elems={a.chunk_elems}", f"--interval-ms={a.interval_ms}",
               f"--threads={a.threads}"]
     flags += ["--grad-checkpointing"] if a.grad_checkpointing else []
+    flags += [] if a.malloc_trim else ["--no-malloc-trim"]
     errors = {}
     for i, name in enumerate(profiles):
         raw = os.path.join(a.out, "raw", f"{name}.rank{le.rank}.json")
@@ -286,7 +291,10 @@ def main(argv=None) -> int:
     if not nvml:  # the profiles log it in their own processes; the user reads this one
         print("memprof: NVML unavailable (no GPU or no nvidia-ml-py): device memory not measured; "
               "host memory only (CPU device-equivalent, see 'method')", file=sys.stderr)
-    method = (CPU_METHOD if cpu else GPU_METHOD).format(ms=a.interval_ms, counter=counter) + ". " + \
+    trim = ("glibc's free heap returned to the kernel (malloc_trim) at the baseline and at each phase mark, so a "
+            "phase starts from live memory" if a.malloc_trim else "no malloc_trim at the marks (--no-malloc-trim): "
+            "RSS keeps the heap glibc retained from earlier phases")
+    method = (CPU_METHOD if cpu else GPU_METHOD).format(ms=a.interval_ms, counter=counter, trim=trim) + ". " + \
         COMMON.format(pop=opt.population, chunk=opt.chunk_elems)
     report = {
         "model": {"params": params, "shape": a.shape, "config": {k: v for k, v in config.to_dict().items()
@@ -297,7 +305,8 @@ def main(argv=None) -> int:
                                                                          "linear_num_value_heads", "layer_types",
                                                                          "tie_word_embeddings")},
                   "dtype": "bfloat16", "tp": a.tp},
-        "workload": wl.to_dict(), "method": method, "nvml": nvml, "device": "cpu" if cpu else "cuda",
+        "workload": wl.to_dict(), "method": method, "malloc_trim": a.malloc_trim, "nvml": nvml,
+        "device": "cpu" if cpu else "cuda",
         "versions": library_versions(),  # what produced these figures: python, platform, torch, transformers...
         "profiles": profs,
         "ratios": {"es_over_inference": _ratio(profs, "es_subtract", "inference"),

@@ -5,13 +5,15 @@
 - ``compile``: the torch reference through ``torch.compile``: ~20 s once per process, then ~5x
   the eager throughput on CPU (docs/benchmarks.md, bench_noise: 186 vs 37 M elements/s on 2 cores).
 - ``eager``: the torch reference as is.
-- ``auto`` (default): triton on CUDA when Triton imports (else eager); on CPU ``compile`` once the local
-  elements on the device reach :data:`AUTO_COMPILE_MIN_ELEMS`, else ``eager``.
+- ``auto`` (default): triton on CUDA when Triton imports (else eager); on CPU ``compile`` when the noise the run
+  will generate on the device repays the compiler's one-time cost, else ``eager``.
 
-Threshold: one ES step regenerates the local noise about twice per member (perturb, then the
-update's sum), 32 passes at the default population of 16. At 2**24 local elements a step costs
-~14 s eager and ~3 s compiled, so the 20 s compile is repaid within the first two steps; below
-~2**20 (the tiny test models) it would take a whole short run to repay, and eager starts at once.
+The CPU decision is on the work, not the shard size: a 494k-parameter agent trained for 40 steps at G=16
+regenerates its noise ~1,300 times (6e8 elements), ~21 s eager at the ~30 M elements/s eager reaches on such small
+tensors, ~4 s compiled; the compile costs ~20 s in a fresh process with an empty cache and ~4 s when inductor's
+on-disk cache holds the kernel from an earlier run (:func:`esopt_mp.es.philox.get_kernel` keeps it in
+``$XDG_CACHE_HOME/esopt_mp/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise). Without a work estimate
+(a caller that does not know the run), compile from :data:`AUTO_COMPILE_MIN_ELEMS` local elements on.
 """
 from __future__ import annotations
 
@@ -27,6 +29,18 @@ from esopt_mp.typed import check_choice
 log = logging.getLogger(__name__)
 
 AUTO_COMPILE_MIN_ELEMS = 1 << 24
+EAGER_ELEMS_PER_S = 30e6  # the eager reference on a small agent's tensors, grouped (2 CPU cores)
+COMPILED_ELEMS_PER_S = 160e6  # the compiled kernel, same tensors
+COMPILE_S = {"cold": 20.0, "warm": 4.0}  # the one-time cost: an empty inductor cache, or one holding the kernel
+
+
+def compile_repays(work: float, warm: bool) -> tuple[bool, str]:
+    """Whether compiling saves time over ``work`` noise elements, and the estimate that says so."""
+    saved = work / EAGER_ELEMS_PER_S - work / COMPILED_ELEMS_PER_S
+    cost = COMPILE_S["warm" if warm else "cold"]
+    return saved > cost, (f"the run's {work:.2g} noise elements take ~{work / EAGER_ELEMS_PER_S:.0f} s eager, "
+                          f"~{work / COMPILED_ELEMS_PER_S:.0f} s compiled, plus ~{cost:.0f} s to compile "
+                          f"({'warm' if warm else 'empty'} kernel cache)")
 _logged: set = set()
 
 
@@ -61,9 +75,10 @@ def _triton_works(device) -> tuple[bool, str]:
 _probed: dict = {}
 
 
-def resolve(backend: str, device, numel: int) -> str:
+def resolve(backend: str, device, numel: int, work: float | None = None) -> str:
     """The concrete backend for ``numel`` local elements on ``device``; logs auto's choice once.
 
+    ``work``: the noise elements the run will generate on the device (None: unknown, decide on ``numel``).
     ``ESOPT_NOISE_BACKEND`` overrides ``es.noise_backend`` (any of :data:`~esopt_mp.es.config.NOISE_BACKENDS`)."""
     backend = os.environ.get("ESOPT_NOISE_BACKEND", backend)
     check_choice(backend, NOISE_BACKENDS, "es.noise_backend")
@@ -82,6 +97,11 @@ def resolve(backend: str, device, numel: int) -> str:
         log.warning("es.noise_backend=auto: %s; using eager", why)
     elif device.type == "cuda":
         choice, why = "eager", "CUDA tensors, Triton not importable (inductor needs it too)"
+    elif work is not None:
+        from esopt_mp.es.philox import kernel_cached
+
+        repays, why = compile_repays(work, kernel_cached())
+        choice = "compile" if repays else "eager"
     elif numel >= AUTO_COMPILE_MIN_ELEMS:
         choice, why = "compile", f"{numel} local elements >= {AUTO_COMPILE_MIN_ELEMS} repay torch.compile"
     else:

@@ -112,3 +112,46 @@ def gaussian(seed: int, name: str, index: torch.Tensor, *, backend: str = "eager
     words = key_words(seed, tensor_id(name), index.device)
     z = get_kernel(backend)(flat // 4, words)
     return z.gather(1, (flat % 4)[:, None]).view(index.shape)
+
+
+class WholeTensors:
+    """The noise of several small whole tensors from one kernel call per seed.
+
+    A model's norms, biases and small projections are many tensors of a few thousand elements; generating each
+    one's noise apart costs a kernel call (and its Python) per tensor per member, which at the size of a small agent
+    costs more than the noise itself. Here their counters are laid end to end, each with its own tensor id, so one
+    call covers them all; every element gets exactly the value :func:`stream` gives it (the same function of seed,
+    tensor id and counter). Precomputed per layout: the counters and the tensor-id words, ~10 bytes per element.
+    """
+
+    def __init__(self, infos: list[ShardInfo], device, backend: str):
+        if not infos or any(not i.is_full for i in infos):
+            raise ValueError("WholeTensors takes whole (unsliced) tensors")
+        device = torch.device(device)
+        counts = [(i.numel + 3) // 4 for i in infos]
+        n = sum(counts)
+        self.infos, self.numels = list(infos), [i.numel for i in infos]
+        self.offsets = [4 * sum(counts[:k]) for k in range(len(counts))]  # of each tensor in the normals
+        self.q = torch.cat([torch.arange(c, dtype=torch.int64) for c in counts]).to(device)
+        tid = torch.tensor([[i.tid & 0xFFFFFFFF, i.tid >> 32] for i in infos], dtype=torch.int64)
+        reps = torch.tensor(counts)
+        self.words = torch.empty(4, n, dtype=torch.int64, device=device)
+        self.words[2] = tid[:, 0].repeat_interleave(reps).to(device)
+        self.words[3] = tid[:, 1].repeat_interleave(reps).to(device)
+        self.kernel = get_kernel(backend)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.numels)
+
+    def normals(self, seed: int) -> torch.Tensor:
+        """Flat float32 normals; tensor k's eps is ``[offsets[k] : offsets[k] + numels[k]]`` of it."""
+        key = key_words(seed, 0, self.words.device)
+        self.words[0].fill_(key[0])
+        self.words[1].fill_(key[1])
+        return self.kernel(self.q, self.words).view(-1)
+
+    def views(self, z: torch.Tensor):
+        """(index among the tensors, that tensor's flat slice of ``z``)."""
+        for k, (o, n) in enumerate(zip(self.offsets, self.numels)):
+            yield k, z[o : o + n]

@@ -28,7 +28,7 @@ import torch
 from esopt_mp.es.backend import resolve as resolve_backend
 from esopt_mp.es.config import MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.hostmem import HostCopies
-from esopt_mp.es.noise import stream
+from esopt_mp.es.noise import WholeTensors, stream
 from esopt_mp.parallel.shard import LocalShard, ShardInfo
 from esopt_mp.typed import check_choice
 
@@ -76,6 +76,7 @@ class Perturber:
         chunk_elems: int = 1 << 24,
         block: int | None = None,
         noise_backend: str = "auto",
+        work_passes: float | None = None,
     ):
         check_choice(restore, RESTORE_MODES, "es.restore")
         check_choice(master, MASTER_MODES, "es.master")
@@ -94,7 +95,11 @@ class Perturber:
         for s in self.shards:
             per_device[s.tensor.device] = per_device.get(s.tensor.device, 0) + s.info.numel
         # the concrete backend per device (esopt_mp.es.backend); "triton" runs the fused kernels
-        self.backends = {dev: resolve_backend(noise_backend, dev, n) for dev, n in per_device.items()}
+        # ``work_passes``: how many times the run will regenerate each local element's noise (auto decides on it)
+        self.backends = {dev: resolve_backend(noise_backend, dev, n, None if work_passes is None else n * work_passes)
+                         for dev, n in per_device.items()}
+        self._wholes = self._group_whole_tensors()
+        self._in_whole = {k for _, ks in self._wholes for k in ks}
         self._active: tuple[int, float, int] | None = None
         tensors = [s.tensor for s in self.shards]
         self.master_host = HostCopies(tensors, torch.float32).copy_from_(tensors) if master == "fp32_host" else None
@@ -124,12 +129,38 @@ class Perturber:
         return stream(seed, shard.info, a, b, block=self.block, device=shard.tensor.device,
                       backend=self.backends[shard.tensor.device])
 
+    def _group_whole_tensors(self) -> list[tuple[WholeTensors, list[int]]]:
+        """Small whole tensors on one device (a noise block or less each), in groups of at most a block's elements:
+        one kernel call per group per seed instead of one per tensor (:class:`~esopt_mp.es.noise.WholeTensors`)."""
+        by_device: dict[torch.device, list[int]] = {}
+        for k, s in enumerate(self.shards):
+            if s.info.is_full and not self._fused(s) and s.info.numel <= self.block:
+                by_device.setdefault(s.tensor.device, []).append(k)
+        out = []
+        for dev, ks in by_device.items():
+            group: list[int] = []
+            for k in [*ks, None]:
+                if group and (k is None or sum(self.shards[j].info.numel for j in group)
+                              + self.shards[k].info.numel > self.block):
+                    if len(group) > 1:
+                        out.append((WholeTensors([self.shards[j].info for j in group], dev, self.backends[dev]),
+                                    group))
+                    group = []
+                if k is not None:
+                    group.append(k)
+        return out
+
     def _fused(self, shard: LocalShard) -> bool:
         """Whether the fused Triton kernels do this shard's arithmetic (fp32 math: not fp64 weights)."""
         return self.backends[shard.tensor.device] == "triton" and shard.tensor.dtype in FUSED_DTYPES
 
     def _add_noise_(self, seed: int, scale: float) -> None:
-        for shard in self.shards:
+        for whole, ks in self._wholes:
+            for j, z in whole.views(whole.normals(seed)):
+                self.shards[ks[j]].tensor.view(-1).add_(z, alpha=scale)
+        for k, shard in enumerate(self.shards):
+            if k in self._in_whole:
+                continue
             flat = shard.tensor.view(-1)
             if self._fused(shard):
                 from esopt_mp.es import triton_noise  # on use: triton is an optional extra
@@ -227,13 +258,26 @@ class Perturber:
             packed = {dev: triton_noise.pack_members(members, dev) for dev, b in self.backends.items() if b == "triton"}
         fused_in_place = [self._fused(s) and (self._master is None or self._master[k].device == s.tensor.device)
                           for k, s in enumerate(self.shards)]
+        for whole, ks in self._wholes:  # small whole tensors: the sum over members in one buffer per group
+            acc = None
+            for seed, w in members:
+                z = whole.normals(seed)
+                acc = torch.zeros_like(z) if acc is None else acc
+                acc.add_(z, alpha=w)
+            if acc is None:  # every weight was zero: only the decay
+                acc = torch.zeros(whole.offsets[-1] + whole.numels[-1] + 3, device=whole.q.device)
+            acc.mul_(scale)
+            for j, part in whole.views(acc):
+                self._apply_(ks[j], 0, part.numel(), part, decay)
         sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard that needs it
-        for shard, done in zip(self.shards, fused_in_place):
+        for k, (shard, done) in enumerate(zip(self.shards, fused_in_place)):
             dev = shard.tensor.device
-            if not done:
+            if not done and k not in self._in_whole:
                 sizes[dev] = max(sizes.get(dev, 0), min(self.chunk_elems, shard.info.numel))
         bufs = {dev: torch.empty(n, dtype=torch.float32, device=dev) for dev, n in sizes.items()}
         for k, shard in enumerate(self.shards):
+            if k in self._in_whole:
+                continue
             flat = shard.tensor.view(-1)
             n = shard.info.numel
             if fused_in_place[k]:  # one pass, the sum in registers, into the weights or the same-device master
@@ -253,18 +297,23 @@ class Perturber:
                         for p, z in self._stream(seed, shard, a, b):
                             acc[p - a : p - a + z.numel()].view_as(z).add_(z, alpha=w)
                     acc.mul_(scale)
-                if self._master is not None:
-                    m = self._master[k].view(-1)[a:b]
-                    if decay != 1.0:
-                        m.mul_(decay)
-                    m.add_(acc.to(m.device))
-                    flat[a:b].copy_(m)
-                else:  # block by block: a mixed-dtype in-place op upcasts its operands, so its temporaries
-                    for c in range(0, b - a, self.block):  # are block-sized, not 2 more fp32 chunks (memprof)
-                        d = min(b - a, c + self.block)
-                        w_ = flat[a + c : a + d]
-                        if decay != 1.0:
-                            w_.copy_(acc[c:d].add_(w_, alpha=decay))
-                        else:
-                            w_.add_(acc[c:d])
+                self._apply_(k, a, b, acc, decay)
         self._snapshot = None  # stale: refreshed at the next perturb
+
+    def _apply_(self, k: int, a: int, b: int, acc: torch.Tensor, decay: float) -> None:
+        """Elements [a, b) of shard ``k`` take the update ``acc`` (already scaled), after the decay."""
+        flat = self.shards[k].tensor.view(-1)
+        if self._master is not None:
+            m = self._master[k].view(-1)[a:b]
+            if decay != 1.0:
+                m.mul_(decay)
+            m.add_(acc.to(m.device))
+            flat[a:b].copy_(m)
+        else:  # block by block: a mixed-dtype in-place op upcasts its operands, so its temporaries
+            for c in range(0, b - a, self.block):  # are block-sized, not 2 more fp32 chunks (memprof)
+                d = min(b - a, c + self.block)
+                w_ = flat[a + c : a + d]
+                if decay != 1.0:
+                    w_.copy_(acc[c:d].add_(w_, alpha=decay))
+                else:
+                    w_.add_(acc[c:d])

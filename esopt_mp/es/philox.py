@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import sys
 import threading
 
 import torch
@@ -56,7 +58,8 @@ def normals_kernel(q: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     """float32 [N, 4] normals for counters ``q`` (int64 [N], the element index // 4).
 
     ``words`` is int64 [4] = (key0, key1, tid_lo, tid_hi) so that a compiled
-    version never specialises on a seed or tensor name.
+    version never specialises on a seed or tensor name; or int64 [4, N], one
+    column per counter (several tensors' counters in one call).
     """
     c0 = q & M32
     c1 = q >> 32
@@ -83,11 +86,61 @@ _compiled = None
 _compile_lock = threading.Lock()
 
 
+def kernel_cache_dir() -> str:
+    """Where inductor keeps compiled kernels across processes: ``TORCHINDUCTOR_CACHE_DIR`` if set, else
+    ``$XDG_CACHE_HOME/esopt_mp/inductor`` (``~/.cache/...``), which outlives a job's /tmp on a cluster."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "esopt_mp", "inductor")
+
+
+def _marker() -> str:
+    """A file naming this torch and Python: written once the kernel compiled into :func:`kernel_cache_dir`."""
+    return os.path.join(kernel_cache_dir(), f"esopt_noise_kernel.torch-{torch.__version__}.py{sys.version_info[0]}"
+                        f"{sys.version_info[1]}")
+
+
+def kernel_cached() -> bool:
+    """Whether an earlier process compiled the kernel into the cache this one uses (compiling is then ~3 s)."""
+    return os.path.exists(_marker())
+
+
+def _use_cache_dir() -> None:
+    """Point inductor at :func:`kernel_cache_dir` (if it can be written; else inductor's own default)."""
+    d = kernel_cache_dir()
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError:
+        return
+    if os.access(d, os.W_OK):
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", d)
+
+
+def _compiled_kernel():
+    """``normals_kernel`` through torch.compile; its first call leaves the marker of :func:`kernel_cached`."""
+    compiled = torch.compile(normals_kernel, dynamic=True)
+    state = {"first": True}
+
+    def kernel(q, words):
+        out = compiled(q, words)
+        if state["first"]:
+            state["first"] = False
+            try:
+                open(_marker(), "a").close()
+            except OSError:
+                pass
+        return out
+
+    return kernel
+
+
 def get_kernel(backend: str = "eager"):
     """The normals kernel for ``backend`` in {"eager", "compile"}.
 
-    ``compile`` costs ~20 s once per process (less with a warm inductor cache)
-    and runs ~10x faster on CPU (``ESOPT_NOISE_BACKEND`` is applied by :mod:`esopt_mp.es.backend`).
+    ``compile`` costs ~20 s once per process with an empty kernel cache, ~3 s when an earlier process left the
+    kernel in it (:func:`kernel_cache_dir`), and runs ~10x faster on CPU (``ESOPT_NOISE_BACKEND`` is applied by
+    :mod:`esopt_mp.es.backend`).
     """
     if backend == "eager":
         return normals_kernel
@@ -96,5 +149,6 @@ def get_kernel(backend: str = "eager"):
     global _compiled
     with _compile_lock:
         if _compiled is None:
-            _compiled = torch.compile(normals_kernel, dynamic=True)
+            _use_cache_dir()
+            _compiled = _compiled_kernel()
     return _compiled

@@ -35,6 +35,7 @@ class ProfileOptions:
     chunk_elems: int = 1 << 24  # the trainer's es.chunk_elems default: profiles measure what training runs
     grad_checkpointing: bool = False
     seed: int = 0
+    malloc_trim: bool = True  # free heap back to the kernel at each phase mark (MemorySampler): live memory per phase
 
 
 def baselines_api():
@@ -113,7 +114,7 @@ def run_profile(name: str, ckpt: str, tp: int, wl: Workload, opt: ProfileOptions
         baselines_api()
     le = discover()
     dims = init_distributed(le, dp=le.world_size // tp, tp=tp)
-    s = MemorySampler(interval_s).start()
+    s = MemorySampler(interval_s, malloc_trim=opt.malloc_trim).start()
     baseline = s.sample()[1]
     s.mark("load")
     t0 = time.perf_counter()

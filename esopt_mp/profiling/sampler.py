@@ -19,6 +19,15 @@ fall between two samples. Counters used, per figure:
 
 Without NVML (no GPU, no driver, no ``nvidia-ml-py``) the sampler says so once
 and measures host memory only.
+
+``malloc_trim``: at :meth:`MemorySampler.start` and at each mark, before the
+next phase begins, glibc is asked to give its free heap pages back to the
+kernel (``malloc_trim(0)``), so a phase starts from the memory that is live.
+Without it RSS keeps what a phase freed but glibc retained: a tp=2 ES step's
+first rollouts left up to ~140 MiB of free heap per rank, and the fp32
+update chunk (a fresh mmap, too large for those pages) landed on top of it.
+Off with ``malloc_trim=False``; a no-op where the C library has no
+``malloc_trim`` (not glibc).
 """
 from __future__ import annotations
 
@@ -96,6 +105,26 @@ def _reset_hwm() -> bool:
         return False
 
 
+_TRIM = []  # [the C library's malloc_trim, or None], looked up once
+
+
+def malloc_trim() -> bool:
+    """Return glibc's free heap pages to the kernel (``malloc_trim(0)``); False where the C library lacks it."""
+    if not _TRIM:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None).malloc_trim
+            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
+            fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is None:
+        return False
+    _TRIM[0](0)
+    return True
+
+
 def ru_maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
@@ -103,11 +132,13 @@ def ru_maxrss_bytes() -> int:
 class MemorySampler:
     """Samples memory in a thread; ``mark(phase)`` starts a phase; :meth:`summary` gives peaks per phase."""
 
-    def __init__(self, interval_s: float = 0.01, use_nvml: bool = True, cuda: bool | None = None):
+    def __init__(self, interval_s: float = 0.01, use_nvml: bool = True, cuda: bool | None = None,
+                 malloc_trim: bool = True):
         import psutil
         import torch
 
         self.interval_s = float(interval_s)
+        self.malloc_trim = bool(malloc_trim)  # free heap pages back to the kernel at start() and at each mark
         self.proc = psutil.Process()
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.nvml = None
@@ -145,6 +176,8 @@ class MemorySampler:
             self.sample()
 
     def start(self) -> "MemorySampler":
+        if self.malloc_trim:
+            malloc_trim()
         self.hwm_resettable = _reset_hwm()
         self.sample()
         self._thread = threading.Thread(target=self._run, name="memprof-sampler", daemon=True)
@@ -193,6 +226,8 @@ class MemorySampler:
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        if self.malloc_trim:  # the next phase starts from live memory, not from the heap the last one freed
+            malloc_trim()
         if self.hwm_resettable:
             _reset_hwm()
         with self._lock:

@@ -15,7 +15,7 @@ sys.path.insert(0, ROOT)
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    proc = subprocess.run([sys.executable, "tools/bench.py", "--quick", "--skip", "comm,memory,rollout,endpoint",
+    proc = subprocess.run([sys.executable, "tools/bench.py", "--quick", "--skip", "comm,memory,rollout,endpoint,schedule",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, BENCH_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -31,12 +31,13 @@ def test_report_schema_and_ratios(quick):
     assert {"cpu_count", "torch", "transformers", "device", "torch_threads"} <= set(r["machine"])
     assert r["quick"] is True and r["errors"] == {}
     assert r["sections"]["comm"] == r["sections"]["memory"] == r["sections"]["rollout"] == {"skipped": True}
-    assert r["sections"]["endpoint"] == {"skipped": True}
-    for name in ("noise", "es_overhead"):
+    assert r["sections"]["endpoint"] == r["sections"]["schedule"] == {"skipped": True}
+    for name in ("noise", "es_overhead", "throughput"):
         assert r["sections"][name]["seconds"] > 0
     expected = {"noise.compiled_over_randn", "noise.compiled_over_copy", "noise.update_G8_over_randn",
                 "noise.update_G8_over_copy", "noise.update_G32_over_randn", "noise.update_G32_over_copy",
-                "es_overhead.overhead_over_rollout", "es_overhead.overhead_over_step"}
+                "es_overhead.overhead_over_rollout", "es_overhead.overhead_over_step",
+                "throughput.es_over_inference", "throughput.es_over_inference_with_compile"}
     assert set(r["ratios"]) == expected
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in r["ratios"].values()), r["ratios"]
     es = r["sections"]["es_overhead"]
@@ -46,6 +47,10 @@ def test_report_schema_and_ratios(quick):
     assert es["headline"]["overhead_over_rollout"] == pytest.approx(
         parts / (step["rollout_s"] - step["perturb_s"] - step["restore_s"]))
     assert es["headline"]["overhead_over_step"] < 1  # ES's parts are inside the step
+    th = r["sections"]["throughput"]
+    assert th["measured_steps"] == 1 and th["es"]["tokens"] > 0 and th["inference"]["tokens"] > 0
+    assert th["headline"]["es_over_inference"] == pytest.approx(
+        th["es"]["tokens_per_s"] / th["inference"]["tokens_per_s"])
 
 
 def test_markdown_from_saved_report(quick):
@@ -67,8 +72,8 @@ def test_a_failing_section_is_reported_and_the_others_run(monkeypatch, tmp_path)
     monkeypatch.setattr(bench, "section_noise", broken)
     monkeypatch.setattr(bench, "ROOT", str(tmp_path))  # no tools/memprof.py here
     monkeypatch.setattr(bench, "section_es_overhead", lambda a: {"headline": {"overhead_over_rollout": 0.5}})
-    monkeypatch.setattr(sys, "argv", ["tools/bench.py", "--skip", "comm,rollout,endpoint"])
-    a = type("A", (), {"skip": "comm,rollout,endpoint", "quick": True})()
+    monkeypatch.setattr(sys, "argv", ["tools/bench.py", "--skip", "comm,rollout,endpoint,throughput,schedule"])
+    a = type("A", (), {"skip": "comm,rollout,endpoint,throughput,schedule", "quick": True})()
     r = bench.run(a)
     assert r["errors"]["noise"] == "ValueError: broken on purpose" and "traceback" in r["sections"]["noise"]
     assert r["errors"]["memory"] == "tools/memprof.py not found"

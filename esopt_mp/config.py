@@ -120,7 +120,7 @@ class RunConfig:
     eval_every: int = 0  # 0: before and after training only
     checkpoint_every: int = 10
     export: bool = False  # write run.dir/export (a plain HF directory) at the end
-    trajectories: bool = True  # agent objective: write run.dir/trajectories.jsonl (rank 0 group)
+    trajectories: bool = True  # agent objective: write run.dir/trajectories.jsonl (the members rank 0's group played)
     degenerate_steps: int = 3  # warn loudly after this many steps in a row that learned nothing
     stop_on_degenerate: bool = False  # ... and stop with an error
     keep_checkpoints: int = 2  # newest complete checkpoints kept after each save (0: keep all)

@@ -51,7 +51,8 @@ def step_line(name: str, t: int, total: int, rec: dict, held_out: float | None, 
         parts.append("failed episodes " + ", ".join(f"{v} {k}" for k, v in failed.items()))
     again = rec.get("retried") or {}
     if any(again.values()):
-        parts.append(f"played again {again.get('episodes', 0)} episodes, {again.get('members', 0)} members")
+        e, m = again.get("episodes", 0), again.get("members", 0)
+        parts.append(f"played again: {e} episode{'s' * (e != 1)}, {m} member{'s' * (m != 1)}")
     if isinstance(rec.get("step_s"), (int, float)):
         parts.append(f"{rec['step_s']:.1f} s/step")
     parts.append(f"ETA {eta(left_s)}")

@@ -74,6 +74,15 @@ def noise_passes(es, dp: int) -> float:
     return es.steps * per_step
 
 
+def _cache_warm(dims: ParallelDims) -> bool:
+    """Whether every rank's kernel cache holds the compiled noise kernel (one all-reduce): the noise backend's
+    choice depends on it, and every rank must take the same one."""
+    from esopt_mp.es.philox import kernel_cached
+
+    mine = torch.tensor([1.0 if kernel_cached() else 0.0], dtype=torch.float64)
+    return bool(dims.comm.all_reduce(mine, "min", "world")[0] > 0)
+
+
 class ESTrainer:
     """The ES side of :class:`esopt_mp.runner.Trainer`; :func:`esopt_mp.runner.run` drives it."""
 
@@ -105,7 +114,7 @@ class ESTrainer:
             self.model = load_model(path, dims, cfg.model.dtype)
             self.perturber = Perturber(build_shards(self.model, es.include, es.exclude), restore=es.restore,
                                        master=es.master, chunk_elems=es.chunk_elems, noise_backend=es.noise_backend,
-                                       work_passes=noise_passes(es, dims.dp))
+                                       work_passes=noise_passes(es, dims.dp), cache_warm=_cache_warm(dims))
             self._build_rest(cfg, dims, path, None)
 
     def _build_rest(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
@@ -249,7 +258,6 @@ class ESTrainer:
         # member order (other dp groups' as noise passes only), so replicas, layouts and replay agree bit for bit
         passes = perturbed and not exact_restore(es.restore, es.master)
         queue = MemberQueue(dims, es.population, self.cfg.parallel.schedule)
-        self._reevaluated = 0
         done = -1  # the last member whose perturbation this rank applied (or passed over)
         bar = tqdm(total=es.population, desc=f"step {t} members", leave=False,
                    disable=dims.rank != 0 or es.population < 4 or not interactive())
@@ -311,32 +319,18 @@ class ESTrainer:
                 **({"context": record["context_next"], "programs": record["programs"]} if self.context else {})}
 
     def _evaluate(self, member: Member) -> float:
-        """The member's return (NaN: it failed). A member of an episodic objective whose every episode failed for
-        infrastructure reasons (its return NaN, each already played twice) is evaluated once more, not dropped."""
-        dims = self.dims
-        for attempt in (0, 1):
-            try:
-                r = self.objective.evaluate_member(member)
-            except StartupError:
-                raise  # the objective cannot be played here (a harness that never calls its endpoint): every rank
-            except Exception as e:
-                if dims.tp > 1:
-                    raise  # a peer may be waiting inside a collective: fail loudly rather than hang
-                log.exception("member %d of step %d failed; its return counts as NaN", member.index, member.step)
-                self.health.note_error(f"member {member.index}: {type(e).__name__}: {e}")
-                return math.nan
-            if attempt or not hasattr(self.objective, "take_retried"):
-                return r
-            failed = math.isnan(r)
-            if dims.tp > 1:  # the leader played the episodes (its peers' return is NaN): its verdict for the group
-                failed = dims.comm.broadcast_object(failed, src=dims.rank - dims.tp_rank, dim="tp")
-            if not failed:
-                return r
-            if dims.is_tp_leader:
-                log.warning("member %d of step %d: every episode failed for infrastructure reasons; evaluating it "
-                            "once more", member.index, member.step)
-            self._reevaluated += 1
-        return r
+        """The member's return (NaN: it failed; an episodic objective has played again what the infrastructure
+        failed, the whole member if every episode failed so)."""
+        try:
+            return self.objective.evaluate_member(member)
+        except StartupError:
+            raise  # the objective cannot be played here (a harness that never calls its endpoint): every rank
+        except Exception as e:
+            if self.dims.tp > 1:
+                raise  # a peer may be waiting inside a collective: fail loudly rather than hang
+            log.exception("member %d of step %d failed; its return counts as NaN", member.index, member.step)
+            self.health.note_error(f"member {member.index}: {type(e).__name__}: {e}")
+            return math.nan
 
     def _episode_failures(self) -> tuple[dict | None, dict | None]:
         """The step's failed training episodes by kind and what was played again (episodes after an infrastructure
@@ -345,7 +339,7 @@ class ESTrainer:
         mine = self.objective.take_failures()
         if mine is None:
             return None, None
-        again = [self.objective.take_retried(), self._reevaluated if self.dims.is_tp_leader else 0]
+        again = list(self.objective.take_retried())
         counts = self.dims.comm.all_reduce(torch.tensor(mine + again, dtype=torch.float64), "sum", "world")
         counts = [int(c) for c in counts.tolist()]
         return dict(zip(FAILURE_KINDS, counts)), dict(zip(("episodes", "members"), counts[len(FAILURE_KINDS):]))

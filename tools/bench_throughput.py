@@ -6,7 +6,7 @@ The run's own settings decide everything (the 40-step run's noise work picks the
 ``steps`` steps are played. The compiled noise kernel's one-time cost is measured apart (``compile_s``) and reported
 both in the first steps' figure and spread over the whole run, as a run pays it once.
 
-Usage: python tools/bench_throughput.py [--steps 4] [--population 16]   (prints one JSON object)
+Usage: python tools/bench_throughput.py [--steps 6] [key=value ...]   (prints one JSON object)
 """
 from __future__ import annotations
 
@@ -25,11 +25,13 @@ def measure(steps: int, overrides: list[str]) -> dict:
     import torch
 
     from esopt_mp.es import population as members_of
+    from esopt_mp.es.philox import kernel_cached
     from esopt_mp.objectives import Member
     from esopt_mp.parallel import LaunchEnv, init_distributed
     from esopt_mp.trainer import ESTrainer
     from tools.bench import _embedded_default
 
+    warm = kernel_cached()  # what auto's choice rests on, before this run compiles anything
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _embedded_default([*overrides, f"run.dir={tmp}", "run.trajectories=false"])
         trainer = ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
@@ -92,7 +94,8 @@ def measure(steps: int, overrides: list[str]) -> dict:
     return {
         "config": "configs/config.yaml" + (f" with {' '.join(overrides)}" if overrides else " (unchanged)"),
         "torch_threads": torch.get_num_threads(), "params": params, "population": cfg.es.population,
-        "run_steps": run_steps, "measured_steps": steps, "noise_backend": backend, "compile_s": compile_s,
+        "run_steps": run_steps, "measured_steps": steps, "noise_backend": backend, "kernel_cache_warm": warm,
+        "compile_s": compile_s,
         "engine_warmup_s": warmup_s,
         "steps": per_step,
         "es": {"seconds": es_s, "tokens": es_tok, "tokens_per_s": es_rate},
@@ -109,7 +112,7 @@ def measure(steps: int, overrides: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=4, help="ES steps measured (of the run's es.steps)")
+    ap.add_argument("--steps", type=int, default=6, help="ES steps measured (of the run's es.steps)")
     ap.add_argument("overrides", nargs="*", help="config overrides (key=value), as launch/train.py takes them")
     a = ap.parse_args()
     print(json.dumps(measure(a.steps, a.overrides)))

@@ -36,12 +36,15 @@ class EpisodeTally:
     def __init__(self):
         self.recent_errors: list[str] = []
         self.failures: Counter = Counter()
-        self.retried = 0
+        self.retried = 0  # training episodes played again after an infrastructure failure
+        self.reevaluated = 0  # members whose every episode failed so, evaluated again
 
     def play_retrying(self, attempt, n: int, kind=None) -> list:
         """``attempt(indices)``: the episodes of those of the ``n`` tasks. An episode the infrastructure failed (a
         site down, a sandbox that would not start) is played once more, same task and seed; the second attempt
-        counts, whatever it gives, and carries the first one's error."""
+        counts, whatever it gives, and carries the first one's error. Training episodes all of which still failed
+        so (the member would be dropped) are played once more as a whole: the member is evaluated again, and only
+        that evaluation's episodes count (are tallied, written, returned)."""
         eps = attempt(list(range(n)))
         again = [i for i, e in enumerate(eps) if e.failure == "infra"]
         if again:
@@ -52,6 +55,14 @@ class EpisodeTally:
                 eps[i] = ep
             if kind == "train":
                 self.retried += len(again)
+        if kind == "train" and n and all(e.failure == "infra" for e in eps):
+            log.warning("every episode of the member failed for infrastructure reasons (%s); evaluating it once "
+                        "more", eps[0].error)
+            first = eps
+            eps = attempt(list(range(n)))
+            for ep, old in zip(eps, first):
+                ep.retried = f"the member was evaluated again: {old.error or 'infra'}"
+            self.reevaluated += 1
         return eps
 
     def tally(self, eps, kind) -> None:
@@ -64,10 +75,12 @@ class EpisodeTally:
         counts, self.failures = self.failures, Counter()
         return [counts[k] for k in FAILURE_KINDS]
 
-    def take_retried(self) -> int:
-        """Training episodes this rank played again after an infrastructure failure since the last call."""
-        n, self.retried = self.retried, 0
-        return n
+    def take_retried(self) -> list[int]:
+        """[training episodes played again after an infrastructure failure, members evaluated again because every
+        episode failed so] on this rank since the last call."""
+        out = [self.retried, self.reevaluated]
+        self.retried = self.reevaluated = 0
+        return out
 
 
 class EpisodePlayer(EpisodeTally):

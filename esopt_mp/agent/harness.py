@@ -107,12 +107,16 @@ class HarnessPlayer(EpisodeTally):
             return runs[-1][0]
 
         eps = self.play_retrying(attempt, len(tasks), tags.get("kind"))
-        self.never_called = runs[0][2]  # whether the harness calls its endpoint at all: the whole first attempt says
+        # the harness calls its endpoint if any attempt did (a site down at the start may fail a whole first one)
+        self.never_called = None if any(r[2] is None for r in runs) else runs[0][2]
         records = list(runs[0][1])
-        if len(runs) > 1:  # a retried episode's requests are its second attempt's
-            again = [i for i, e in enumerate(eps) if e.retried is not None]
-            for i, reqs in zip(again, runs[1][1]):
-                records[i] = reqs
+        for run in runs[1:]:  # an episode played again: its requests are its last attempt's
+            if len(run[1]) == len(tasks):  # the member evaluated again: every episode
+                records = list(run[1])
+            else:
+                again = [i for i, e in enumerate(eps) if e.retried is not None]
+                for i, reqs in zip(again, run[1]):
+                    records[i] = reqs
         if self.traj_path:
             write_requests(self.traj_path, eps, records, **tags)
         self.tally(eps, tags.get("kind"))
@@ -208,8 +212,8 @@ class HarnessObjective:
     def take_failures(self) -> list[int]:
         return self.player.take_failures()
 
-    def take_retried(self) -> int:
-        """Training episodes this rank played again after an infrastructure failure since the last call."""
+    def take_retried(self) -> list[int]:
+        """[episodes played again, members evaluated again] on this rank since the last call (the player's)."""
         return self.player.take_retried()
 
     def take_trajectories(self) -> list:

@@ -54,8 +54,8 @@ class AgentObjective:
         """Failed training episodes this rank played since the last call, per kind of ``FAILURE_KINDS``."""
         return self.player.take_failures()
 
-    def take_retried(self) -> int:
-        """Training episodes this rank played again after an infrastructure failure since the last call."""
+    def take_retried(self) -> list[int]:
+        """[episodes played again, members evaluated again] on this rank since the last call (the player's)."""
         return self.player.take_retried()
 
     def take_trajectories(self) -> list:

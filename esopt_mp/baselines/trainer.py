@@ -101,7 +101,8 @@ class BaselineTrainer:
         payload = [(ep.token_ids, ep.spans, ep.ret, gr) for ep, gr in zip(eps, groups)]
         rets = [ep.ret for ep in eps]  # counted once per group: where they were played
         ok = [r for r in rets if not math.isnan(r)]
-        local = [sum(ok), len(ok), len(rets) - len(ok), *self.player.take_failures()]
+        # an infrastructure-failed episode was played once more (the player's rule); it counts here only once
+        local = [sum(ok), len(ok), len(rets) - len(ok), *self.player.take_failures(), self.player.take_retried()[0]]
         if dims.tp > 1:  # every rank of the group trains on its leader's episodes
             payload = dims.comm.broadcast_object(payload, src=dims.rank - dims.tp_rank, dim="tp")
         eps = [_Ep(ids, spans, ret) for ids, spans, ret, _ in payload]
@@ -125,13 +126,14 @@ class BaselineTrainer:
 
     def step(self, t: int) -> dict:
         t0 = time.perf_counter()
-        batch, (total, n, failed, *kinds, best) = self.rollouts(t)
+        batch, (total, n, failed, *kinds, retried, best) = self.rollouts(t)
         t_roll = time.perf_counter()
         stats = self.optimizer.update(batch)
         return {"step": t, "algo": self.algo.name, "lr": self.algo.lr,
                 "return_mean": total / n if n else math.nan, "return_max": best if n else math.nan,
                 "failed": int(failed), "episodes": int(n + failed), "tokens": int(batch.loss_mask.sum()),
                 "episodes_failed": {k: int(c) for k, c in zip(FAILURE_KINDS, kinds)},
+                **({"retried": {"episodes": int(retried)}} if retried else {}),
                 "rollout_s": t_roll - t0, "update_s": time.perf_counter() - t_roll,
                 "step_s": time.perf_counter() - t0, **stats}
 

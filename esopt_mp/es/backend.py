@@ -75,10 +75,12 @@ def _triton_works(device) -> tuple[bool, str]:
 _probed: dict = {}
 
 
-def resolve(backend: str, device, numel: int, work: float | None = None) -> str:
+def resolve(backend: str, device, numel: int, work: float | None = None, warm: bool | None = None) -> str:
     """The concrete backend for ``numel`` local elements on ``device``; logs auto's choice once.
 
-    ``work``: the noise elements the run will generate on the device (None: unknown, decide on ``numel``).
+    ``work``: the noise elements the run will generate on the device (None: unknown, decide on ``numel``);
+    ``warm``: whether the kernel cache holds the compiled kernel (None: this process looks; a run passes what all
+    its ranks agreed on, so every rank takes the same backend).
     ``ESOPT_NOISE_BACKEND`` overrides ``es.noise_backend`` (any of :data:`~esopt_mp.es.config.NOISE_BACKENDS`)."""
     backend = os.environ.get("ESOPT_NOISE_BACKEND", backend)
     check_choice(backend, NOISE_BACKENDS, "es.noise_backend")
@@ -100,7 +102,7 @@ def resolve(backend: str, device, numel: int, work: float | None = None) -> str:
     elif work is not None:
         from esopt_mp.es.philox import kernel_cached
 
-        repays, why = compile_repays(work, kernel_cached())
+        repays, why = compile_repays(work, kernel_cached() if warm is None else warm)
         choice = "compile" if repays else "eager"
     elif numel >= AUTO_COMPILE_MIN_ELEMS:
         choice, why = "compile", f"{numel} local elements >= {AUTO_COMPILE_MIN_ELEMS} repay torch.compile"

@@ -77,6 +77,7 @@ class Perturber:
         block: int | None = None,
         noise_backend: str = "auto",
         work_passes: float | None = None,
+        cache_warm: bool | None = None,
     ):
         check_choice(restore, RESTORE_MODES, "es.restore")
         check_choice(master, MASTER_MODES, "es.master")
@@ -96,8 +97,8 @@ class Perturber:
             per_device[s.tensor.device] = per_device.get(s.tensor.device, 0) + s.info.numel
         # the concrete backend per device (esopt_mp.es.backend); "triton" runs the fused kernels
         # ``work_passes``: how many times the run will regenerate each local element's noise (auto decides on it)
-        self.backends = {dev: resolve_backend(noise_backend, dev, n, None if work_passes is None else n * work_passes)
-                         for dev, n in per_device.items()}
+        self.backends = {dev: resolve_backend(noise_backend, dev, n, None if work_passes is None else n * work_passes,
+                                              cache_warm) for dev, n in per_device.items()}
         self._wholes = self._group_whole_tensors()
         self._in_whole = {k for _, ks in self._wholes for k in ks}
         self._active: tuple[int, float, int] | None = None
@@ -134,7 +135,7 @@ class Perturber:
         one kernel call per group per seed instead of one per tensor (:class:`~esopt_mp.es.noise.WholeTensors`)."""
         by_device: dict[torch.device, list[int]] = {}
         for k, s in enumerate(self.shards):
-            if s.info.is_full and not self._fused(s) and s.info.numel <= self.block:
+            if s.info.is_full and self.backends[s.tensor.device] != "triton" and s.info.numel <= self.block:
                 by_device.setdefault(s.tensor.device, []).append(k)
         out = []
         for dev, ks in by_device.items():

@@ -5,9 +5,11 @@ The names below load on first use (PEP 562), so importing ``esopt_mp.parallel.co
 from esopt_mp.lazy import lazy_exports
 
 _EXPORTS = {
-    "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "comm", "check_replicas": "comm", "first_failure": "comm",
+    "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "comm", "check_replicas": "comm",
+    "first_failure": "comm",
     "gather_returns": "comm", "shard_checksum": "comm", "ParallelDims": "dims", "close_distributed": "dims",
-    "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher", "MemberQueue": "schedule",
+    "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
+    "MemberQueue": "schedule",
     "cpu_threads": "launcher", "discover": "launcher", "first_slurm_host": "launcher",
 }
 __all__ = sorted(_EXPORTS)

@@ -8,7 +8,8 @@
 Which group ran a member never changes what the step records: a member's return depends only on its seed and its
 episode seeds, the G returns are gathered by member index, and every update is applied in member order. The
 queue is a counter in the process group's key-value store (one atomic ``add`` per claim, a few bytes); at
-tp > 1 the group's TP leader claims and tells its peers (one small broadcast), since they join its forward passes.
+tp > 1 the group's TP leader claims and tells its peers (a small object broadcast in the group), since they join its
+forward passes.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class MemberQueue:
             if MemberQueue._epoch is None or MemberQueue._epoch[0] is not store:
                 epoch = int(store.add("esopt_mp/epoch", 1)) if dims.rank == 0 else None
                 MemberQueue._epoch = (store, dims.comm.broadcast_object(epoch, src=0, dim="world"))
+                MemberQueue._made = 0  # counted from the epoch on: the same on every rank of this world
             epoch = MemberQueue._epoch[1]
         MemberQueue._made += 1
         self.key = f"esopt_mp/members/{epoch}/{MemberQueue._made}"

@@ -23,7 +23,8 @@ CFG = ["objective=harness", "objective.callable=tests.fixtures.harnesses:slow", 
        "env.episodes_per_step=2", "env.n_train=16", "env.n_eval=2", "run.eval_every=0", "run.checkpoint_every=1",
        "engine.max_new_tokens=8"]
 _OUTER = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-ENV = dict({k: v for k, v in os.environ.items() if k not in _OUTER}, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", LOGLEVEL="INFO",
+ENV = dict({k: v for k, v in os.environ.items() if k not in _OUTER}, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+           LOGLEVEL="INFO",
            ESOPT_THREADS="1", PYTHONPATH=ROOT,
            # each rendezvous round publishes its own store address (torchrun's shared store does not re-publish it
            # when its host stays rank 0, and a node joining a grown world then waits for it forever)

@@ -71,16 +71,20 @@ def test_an_episode_the_site_failed_once_is_played_again_and_counts(tmp_path, mo
 def test_a_member_whose_every_episode_failed_is_evaluated_again_not_dropped(tmp_path, monkeypatch):
     """Member 0's two episodes fail, and fail again when played again (4 resets): it is evaluated once more and
     scores 1.0 instead of NaN."""
-    ledger, steps, _ = _run(tmp_path, monkeypatch, down=4)
+    ledger, steps, traj = _run(tmp_path, monkeypatch, down=4)
     assert ledger[0]["returns"] == [1.0, 1.0] and steps[0]["failed"] == 0
     assert ledger[0]["retries"] == {"episodes": 2, "members": 1}
-    assert ledger[0]["failures"]["infra"] == 2  # the first evaluation's episodes, after their second attempt
+    assert ledger[0]["failures"]["infra"] == 0  # only the evaluation that counts is counted
     assert steps[0]["retried"] == {"episodes": 2, "members": 1}
+    first = [t for t in traj if t["kind"] == "train" and t["step"] == 0 and t["member"] == 0]
+    assert len(first) == 2 and all(t["return"] == 1.0 and "evaluated again" in t["retried"] for t in first)
 
 
 def test_a_member_the_infrastructure_fails_throughout_is_nan_after_its_second_evaluation(tmp_path, monkeypatch):
+    """Member 0: 2 episodes, played again, evaluated again: 6 resets down, NaN. Member 1: 2 more down, played
+    again and counted."""
     ledger, steps, _ = _run(tmp_path, monkeypatch, down=8)
     assert ledger[0]["returns"][0] is None and ledger[0]["returns"][1] == 1.0
     assert ledger[0]["retries"] == {"episodes": 4, "members": 1}
-    assert ledger[0]["failures"]["infra"] == 4 and steps[0]["failed"] == 1
+    assert ledger[0]["failures"]["infra"] == 2 and steps[0]["failed"] == 1
     assert ledger[1]["returns"] == [1.0, 1.0] and ledger[1]["retries"] == {"episodes": 0, "members": 0}

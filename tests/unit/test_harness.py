@@ -194,7 +194,7 @@ def test_each_way_a_harness_fails_is_its_kind_with_its_error(tmp_path):
     assert errors["sleep"] == "wall clock 0.5 s exceeded"
     assert errors["silent"].startswith("returned 1.0; it got no reply from the endpoint fake://")
     assert p.take_failures() == [3, 1, 2] and p.take_failures() == [0, 0, 0]
-    assert p.take_retried() == 2 and p.take_retried() == 0  # the two infrastructure failures were played again
+    assert p.take_retried() == [2, 0] and p.take_retried() == [0, 0]  # the two infrastructure failures, again
     rows = [json.loads(line) for line in traj.read_text().splitlines()]
     assert [r["id"] for r in rows] == do and all(r["kind"] == "train" and r["member"] == 1 for r in rows)
     assert rows[0]["return"] == 3.0 and rows[0]["requests"] == [

@@ -175,6 +175,13 @@ def test_fp64_weights_fall_back_to_torch_math_with_triton_noise():
     assert all(torch.equal(x, y) for k in a for x, y in zip(a[k], b[k]))
 
 
+def test_several_small_fp64_tensors_with_triton_noise_are_not_grouped_and_match_eager():
+    infos = [ShardInfo.full(f"small{k}", (8,)) for k in range(3)]  # small whole tensors: grouped under eager only
+    a = _run("eager", infos, torch.float64, "none", "subtract", _members(3), 0.2, 0.0)
+    b = _run("triton", infos, torch.float64, "none", "subtract", _members(3), 0.2, 0.0)
+    assert all(torch.equal(x, y) for k in a for x, y in zip(a[k], b[k]))
+
+
 def test_triton_backend_errors_name_the_config_key(monkeypatch):
     shard = LocalShard(torch.zeros(8), ShardInfo.full("w", (8,)))
     monkeypatch.delenv("TRITON_INTERPRET")

@@ -170,7 +170,8 @@ def test_the_ledger_at_dp2_equals_the_one_process_ledger(one_process, tmp_path):
     run_dir, summary, ledger = _train(tmp_path, nproc=2)
     assert summary["steps"] == 2 and ledger == one_process[2]
     rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
-    assert {r["member"] for r in rows if r["kind"] == "train"} == {0}  # rank 0 writes its own group's episodes
+    mine = [(r["step"], r["member"]) for r in rows if r["kind"] == "train"]  # rank 0 writes its group's episodes:
+    assert mine and len(set(mine)) == len(mine) < 4  # the members it took from the queue, each once, not the other's
 
 
 def test_an_environment_that_cannot_be_loaded_stops_the_run_in_one_line(tmp_path):

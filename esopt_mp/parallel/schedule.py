@@ -45,7 +45,6 @@ class MemberQueue:
             epoch = MemberQueue._epoch[1]
         MemberQueue._made += 1
         self.key = f"esopt_mp/members/{epoch}/{MemberQueue._made}"
-        self.claimed: list[int] = []
 
     def __iter__(self) -> Iterator[int]:
         if not self.dynamic:
@@ -55,7 +54,6 @@ class MemberQueue:
             m = self._claim()
             if m >= self.population:
                 return
-            self.claimed.append(m)
             yield m
 
     def _claim(self) -> int:

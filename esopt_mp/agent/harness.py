@@ -99,24 +99,20 @@ class HarnessPlayer(EpisodeTally):
         model = (f"member-{tags['step']}-{tags['member']}" if tags.get("kind") == "train"
                  else f"{tags.get('kind', 'eval')}-{tags.get('round', 0)}")
         slots = list(range(len(tasks))) if slots is None else list(slots)
-        runs = []  # (episodes, their requests) of each attempt
+        records: list = [None] * len(tasks)  # each episode's requests: those of its last attempt, the one counted
+        never_called = []  # per attempt: None if any of its episodes called the endpoint, else why none did
 
         def attempt(idx):
-            runs.append(self._attempt([tasks[i] for i in idx], [seeds[i] for i in idx], sampling,
-                                      [slots[i] for i in idx], model))
-            return runs[-1][0]
+            eps, reqs, never = self._attempt([tasks[i] for i in idx], [seeds[i] for i in idx], sampling,
+                                             [slots[i] for i in idx], model)
+            for i, r in zip(idx, reqs):
+                records[i] = r
+            never_called.append(never)
+            return eps
 
         eps = self.play_retrying(attempt, len(tasks), tags.get("kind"))
         # the harness calls its endpoint if any attempt did (a site down at the start may fail a whole first one)
-        self.never_called = None if any(r[2] is None for r in runs) else runs[0][2]
-        records = list(runs[0][1])
-        for run in runs[1:]:  # an episode played again: its requests are its last attempt's
-            if len(run[1]) == len(tasks):  # the member evaluated again: every episode
-                records = list(run[1])
-            else:
-                again = [i for i, e in enumerate(eps) if e.retried is not None]
-                for i, reqs in zip(again, run[1]):
-                    records[i] = reqs
+        self.never_called = None if None in never_called else never_called[0]
         if self.traj_path:
             write_requests(self.traj_path, eps, records, **tags)
         self.tally(eps, tags.get("kind"))

@@ -130,8 +130,9 @@ class WholeTensors:
         device = torch.device(device)
         counts = [(i.numel + 3) // 4 for i in infos]
         n = sum(counts)
-        self.infos, self.numels = list(infos), [i.numel for i in infos]
+        self.numels = [i.numel for i in infos]
         self.offsets = [4 * sum(counts[:k]) for k in range(len(counts))]  # of each tensor in the normals
+        self.size = 4 * n  # of the normals (each tensor padded to whole counters)
         self.q = torch.cat([torch.arange(c, dtype=torch.int64) for c in counts]).to(device)
         tid = torch.tensor([[i.tid & 0xFFFFFFFF, i.tid >> 32] for i in infos], dtype=torch.int64)
         reps = torch.tensor(counts)
@@ -139,10 +140,6 @@ class WholeTensors:
         self.words[2] = tid[:, 0].repeat_interleave(reps).to(device)
         self.words[3] = tid[:, 1].repeat_interleave(reps).to(device)
         self.kernel = get_kernel(backend)
-
-    @property
-    def numel(self) -> int:
-        return sum(self.numels)
 
     def normals(self, seed: int) -> torch.Tensor:
         """Flat float32 normals; tensor k's eps is ``[offsets[k] : offsets[k] + numels[k]]`` of it."""

@@ -140,15 +140,17 @@ class Perturber:
         out = []
         for dev, ks in by_device.items():
             group: list[int] = []
+            size = 0  # the group's elements
             for k in [*ks, None]:
-                if group and (k is None or sum(self.shards[j].info.numel for j in group)
-                              + self.shards[k].info.numel > self.block):
+                n = 0 if k is None else self.shards[k].info.numel
+                if group and (k is None or size + n > self.block):
                     if len(group) > 1:
                         out.append((WholeTensors([self.shards[j].info for j in group], dev, self.backends[dev]),
                                     group))
-                    group = []
+                    group, size = [], 0
                 if k is not None:
                     group.append(k)
+                    size += n
         return out
 
     def _fused(self, shard: LocalShard) -> bool:
@@ -260,13 +262,9 @@ class Perturber:
         fused_in_place = [self._fused(s) and (self._master is None or self._master[k].device == s.tensor.device)
                           for k, s in enumerate(self.shards)]
         for whole, ks in self._wholes:  # small whole tensors: the sum over members in one buffer per group
-            acc = None
+            acc = torch.zeros(whole.size, device=whole.q.device)
             for seed, w in members:
-                z = whole.normals(seed)
-                acc = torch.zeros_like(z) if acc is None else acc
-                acc.add_(z, alpha=w)
-            if acc is None:  # every weight was zero: only the decay
-                acc = torch.zeros(whole.offsets[-1] + whole.numels[-1] + 3, device=whole.q.device)
+                acc.add_(whole.normals(seed), alpha=w)
             acc.mul_(scale)
             for j, part in whole.views(acc):
                 self._apply_(ks[j], 0, part.numel(), part, decay)

@@ -284,6 +284,7 @@ class ESTrainer:
         bar.close()
         t_eval = time.perf_counter()
         returns = gather_returns(local, es.population, dims)
+        queue.close()
         failures, retries = self._episode_failures()
         weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()

@@ -7,7 +7,8 @@
 
 Which group ran a member never changes what the step records: a member's return depends only on its seed and its
 episode seeds, the G returns are gathered by member index, and every update is applied in member order. The
-queue is a counter in the process group's key-value store (one atomic ``add`` per claim, a few bytes); at
+queue is a counter in the process group's key-value store (one atomic ``add`` per claim, a few bytes, the key
+deleted once the step's returns are gathered); at
 tp > 1 the group's TP leader claims and tells its peers (a small object broadcast in the group), since they join its
 forward passes.
 """
@@ -55,6 +56,12 @@ class MemberQueue:
             if m >= self.population:
                 return
             yield m
+
+    def close(self) -> None:
+        """Rank 0 deletes the step's counter, once every group is past its last claim (after the returns' gather,
+        which every rank joins only when its queue is spent): a long run leaves no key per step in the store."""
+        if self.dynamic and self.dims.rank == 0:
+            _store().delete_key(self.key)
 
     def _claim(self) -> int:
         """The next member nobody took yet (>= population: none left); the TP leader asks, its peers hear."""

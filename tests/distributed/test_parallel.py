@@ -104,8 +104,13 @@ def test_model_output_reward_agrees_to_tp_rounding(layout_results, tiny_model):
 
 def test_comm_bytes_do_not_depend_on_model_size(layout_results):
     # STEPS steps of one all-gather of G=8 x (return, flag) float64, checksum every step over dp
-    b = layout_results[(2, 2)]["seed_hash_comm"]
-    assert 0 < b < STEPS * (8 * 2 * 8 * 3 * 2 + 64 * 8 * 2)
+    r = layout_results[(2, 2)]
+    b, by_op = r["seed_hash_comm"], r["seed_hash_comm_by_op"]
+    claims = by_op.get("broadcast", [0, 0])[1]
+    assert 0 < b - claims < STEPS * (8 * 2 * 8 * 3 * 2 + 64 * 8 * 2)
+    # the member queue: rank 0, its group's TP leader, tells its one peer each member it claims (a pickled small
+    # int, 5 bytes, after its 8-byte length), at most G + 1 claims a step; and the queue's epoch, once, to 3 ranks
+    assert claims <= STEPS * (8 + 1) * (5 + 8) + 3 * (5 + 8)
 
 
 @pytest.mark.parametrize("world", [4])  # dp=2 x tp=1 has no tp peers: its ranks are the drifted ones here

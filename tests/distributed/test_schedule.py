@@ -48,3 +48,9 @@ def test_a_held_back_member_leaves_the_rest_to_the_free_groups(results, dp):
     ran = results[dp][("static", "snapshot")]["ran"]
     for t in range(STEPS):
         assert [sorted(m for s, m in r if s == t) for r in ran] == [list(range(g, population, dp)) for g in range(dp)]
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_no_queue_counter_outlives_its_step(results, dp):
+    assert results[dp]["queues"] >= 2 * STEPS  # the dynamic runs' queues, one a step
+    assert results[dp]["queue_keys_left"] == []

@@ -43,6 +43,7 @@ def layout_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_
             trainer.step(t)
         result[objective] = full_state_dict(trainer.model)
         result[f"{objective}_comm"] = trainer.comm.total
+        result[f"{objective}_comm_by_op"] = trainer.comm.by_op
         result[f"{objective}_ledger"] = trainer.ledger.read()  # per step: seeds, signs, returns, shaped weights
         result[f"{objective}_shards"] = sorted(s.info.name for s in trainer.shards)
         trainer.close()
@@ -149,5 +150,12 @@ def schedule_worker(rank: int, world: int, model_path: str, run_dir: str, out_pa
         result[(schedule, restore)] = {"ledger": trainer.ledger.read(), "weights": full_state_dict(trainer.model),
                                        "ran": dims.comm.all_gather_object(ran)}
         trainer.close()
+    if store is not None:  # every step's queue counter deleted once its returns were gathered
+        from esopt_mp.parallel.schedule import MemberQueue
+
+        epoch = MemberQueue._epoch[1]
+        result["queue_keys_left"] = [n for n in range(1, MemberQueue._made + 1)
+                                     if store.check([f"esopt_mp/members/{epoch}/{n}"])]
+        result["queues"] = MemberQueue._made
     if rank == 0:
         torch.save(result, out_path)

@@ -297,7 +297,8 @@ class ESTrainer:
             check_replicas([(s.info.name, s.tensor) for s in self.shards], dims)
         ok = [float(r) for r in returns if not math.isnan(r)]
         record = {
-            "step": t, "seeds": seeds, "signs": signs, "returns": [None if math.isnan(r) else float(r) for r in returns],
+            "step": t, "seeds": seeds, "signs": signs,
+            "returns": [None if math.isnan(r) else float(r) for r in returns],
             "weights": [float(w) for w in weights], "sigma": sigma, "alpha": alpha, "weight_decay": es.weight_decay,
             "wall_time": time.time(),
         }

@@ -8,9 +8,8 @@
 Which group ran a member never changes what the step records: a member's return depends only on its seed and its
 episode seeds, the G returns are gathered by member index, and every update is applied in member order. The
 queue is a counter in the process group's key-value store (one atomic ``add`` per claim, a few bytes, the key
-deleted once the step's returns are gathered); at
-tp > 1 the group's TP leader claims and tells its peers (a small object broadcast in the group), since they join its
-forward passes.
+deleted once the step's returns are gathered); at tp > 1 the group's TP leader claims and tells its peers (a small
+object broadcast in the group), since they join its forward passes.
 """
 from __future__ import annotations
 

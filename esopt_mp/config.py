@@ -100,6 +100,8 @@ class ObjectiveConfig:
     eval_tasks: str = ""  # JSONL of held-out tasks ("": env.name's eval split)
     timeout_s: float = 600.0  # each episode's wall clock
     failure_return: float = 0.0  # what an episode the harness failed scores
+    env: list[str] = dataclasses.field(default_factory=list)  # the trainer's variables a command gets, by name
+    openai_env: str = "member"  # "user": the trainer's own OPENAI_* reach a command; the member is ESOPT_* only
 
     def validate(self, key: str = "objective") -> None:
         from esopt_mp.objectives import OBJECTIVES

@@ -17,7 +17,8 @@ MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_t
                "special_tokens_map.json", "vocab.json", "merges.txt")
 SAMPLES = 16  # 64 KiB blocks read per safetensors file, spread over its data
 # objective.* fields of objective.name=harness (popped from the identity of every other objective)
-HARNESS_FIELDS = ("callable", "command", "concurrency", "tasks", "eval_tasks", "timeout_s", "failure_return")
+HARNESS_FIELDS = ("callable", "command", "concurrency", "tasks", "eval_tasks", "timeout_s", "failure_return", "env",
+                  "openai_env")
 
 
 def file_sha256(path: str, block: int = _BLOCK) -> str:
@@ -121,7 +122,7 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     selection), ``model.dtype``, the model by content (fingerprint of
     ``model_dir``, the resolved model directory, else of ``model.path``;
     ``model.tiny`` when the tiny model is built), ``objective.*`` (a harness's ``objective.tasks`` by content;
-    not its ``timeout_s``, ``concurrency`` nor ``eval_tasks``), the
+    not its ``timeout_s``, ``concurrency``, ``eval_tasks``, ``env`` nor ``openai_env``), the
     training tasks by content (SHA-256 of ``env.train_path``, or the
     generator settings ``n_train``/``task_seed``), the named environment's section as its spec hashes it
     (``EnvSpec.identity``; not the sections of other environments),
@@ -156,7 +157,8 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     for k in ("n_eval", "eval_path", "eval_repeats", "eval_temperature", "episode_timeout_s", "env_workers"):
         d["env"].pop(k)  # held-out evaluation; how long / how many threads episodes may take
     obj = d["objective"]  # a harness's settings: only its runs have them; wall clock and concurrency never count
-    for k in ("concurrency", "timeout_s", "eval_tasks") if obj["name"] == "harness" else HARNESS_FIELDS:
+    harness = ("concurrency", "timeout_s", "eval_tasks", "env", "openai_env")  # the node's, not the weights'
+    for k in harness if obj["name"] == "harness" else HARNESS_FIELDS:
         obj.pop(k)
     if obj.get("tasks"):  # the training tasks by content, as env.train_path
         from esopt_mp.data import resolve

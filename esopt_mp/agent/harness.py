@@ -81,7 +81,8 @@ class HarnessPlayer(EpisodeTally):
             self._job = lambda url, model, task: callable_job(fn, url, model, task, obj_cfg.failure_return)
         else:
             self.form, argv = f"objective.command={obj_cfg.command}", command_argv(obj_cfg.command)
-            self._job = lambda url, model, task: command_job(argv, url, model, api_key, task, obj_cfg.failure_return)
+            self._job = lambda url, model, task: command_job(argv, url, model, api_key, task, obj_cfg.failure_return,
+                                                             tuple(obj_cfg.env), obj_cfg.openai_env)
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         EpisodeTally.__init__(self)
         self.never_called: str | None = None  # the last play's line when none of its episodes called the endpoint

@@ -23,10 +23,12 @@ import json
 import math
 import numbers
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Callable
@@ -65,6 +67,17 @@ def check_harness_config(cfg, key: str = "objective") -> None:
     check(cfg.timeout_s > 0, f"{key}.timeout_s", f"must be > 0, got {cfg.timeout_s!r}")
     check(math.isfinite(cfg.failure_return), f"{key}.failure_return",
           f"must be a finite return the model can beat, got {cfg.failure_return!r}")
+    check(cfg.openai_env in ("member", "user"), f"{key}.openai_env",
+          f"must be 'member' (OPENAI_* name the member) or 'user' (the trainer's own OPENAI_* pass unchanged), "
+          f"got {cfg.openai_env!r}")
+    for name in cfg.env:
+        check(isinstance(name, str) and re.fullmatch(ENV_NAME, name) is not None, f"{key}.env",
+              f"lists the names of the trainer's environment variables a command gets, got {name!r}")
+        check(not is_launcher_var(name), f"{key}.env", f"{name} is the launcher's rendezvous variable: a harness "
+              "that read it would join the trainer's world; give the harness its own under another name")
+        check(name not in OPENAI_ENV and not name.startswith("ESOPT_"), f"{key}.env",
+              f"{name} names the member being served; objective.openai_env=user passes the trainer's own "
+              "OPENAI_* instead")
     for k in ("tasks", "eval_tasks"):
         if getattr(cfg, k):
             try:
@@ -116,7 +129,8 @@ class Outcome:
 
 
 def failed(kind: str, error: str, failure_return: float) -> Outcome:
-    return Outcome(math.nan if kind == "infra" else failure_return, kind, error)
+    """A failed run; its error on one line, escaped (it may carry the model's text: :func:`escape`)."""
+    return Outcome(math.nan if kind == "infra" else failure_return, kind, escape(error))
 
 
 def as_return(value, failure_return: float, what: str) -> Outcome:
@@ -171,49 +185,90 @@ def callable_job(fn: Callable, base_url: str, model: str, task, failure_return: 
     return job
 
 
-def harness_env(base_url: str, model: str, api_key: str) -> dict:
-    """A command's environment: this process's, with the endpoint's URL, key ("none" without one) and model."""
-    return dict(os.environ, OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key or "none", OPENAI_MODEL=model,
-                ESOPT_MODEL=model)
+# what a command's environment keeps of the trainer's (besides objective.env): where programs and libraries are,
+# the user, locale, time zone, temporary files, proxies and certificates; never secrets nor a launcher's rendezvous
+PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "PWD",
+              "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
+              "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
+              "https_proxy", "no_proxy", "OMP_NUM_THREADS")
+PASSED_PREFIXES = ("LC_", "XDG_")
+# a launcher's rendezvous and rank variables: a harness using torch.distributed, accelerate or MPI would join the
+# trainer's world with them
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
+                "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
+LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_", "OMPI_COMM_WORLD_", "PMI_", "PMIX_")
+OPENAI_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL")
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
 
-def command_job(argv: list[str], base_url: str, model: str, api_key: str, task,
-                failure_return: float) -> Callable[[Slot], Outcome]:
+def is_launcher_var(name: str) -> bool:
+    return name in LAUNCHER_ENV or name.startswith(LAUNCHER_PREFIXES)
+
+
+def harness_env(base_url: str, model: str, api_key: str, passed=(), openai_env: str = "member",
+                environ=None) -> dict:
+    """A command's environment: the trainer's variables of :data:`PASSED_ENV` and ``passed`` (``objective.env``),
+    never a launcher's rendezvous ones; the member as ``ESOPT_BASE_URL``, ``ESOPT_API_KEY`` ("none" without a key)
+    and ``ESOPT_MODEL``, and as ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` unless
+    ``openai_env="user"`` (then the trainer's own OPENAI_* reach the harness unchanged, e.g. for an LLM judge)."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items()
+           if (k in PASSED_ENV or k.startswith(PASSED_PREFIXES) or k in passed) and not is_launcher_var(k)}
+    member = {"BASE_URL": base_url, "API_KEY": api_key or "none", "MODEL": model}
+    env.update({f"ESOPT_{k}": v for k, v in member.items()})
+    if openai_env == "user":
+        env.update({k: environ[k] for k in OPENAI_ENV if k in environ})
+    else:
+        env.update({f"OPENAI_{k}": v for k, v in member.items()})
+    return env
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f, *range(0x80, 0xa0)]}
+_CONTROL.update({0x09: "\\t", 0x0a: "\\n", 0x0d: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029",
+                 **{c: f"\\u{c:04x}" for c in [0x200e, 0x200f, *range(0x202a, 0x202f), *range(0x2066, 0x206a)]}})
+
+
+def escape(text: str) -> str:
+    """``text`` on one line, its control characters (line breaks, escape sequences, bidirectional overrides)
+    written as escapes: a harness's output (model text) cannot forge a line of the trainer's log."""
+    return text.translate(_CONTROL)
+
+
+def command_job(argv: list[str], base_url: str, model: str, api_key: str, task, failure_return: float,
+                passed=(), openai_env: str = "member") -> Callable[[Slot], Outcome]:
     """One episode of ``argv``: the task as JSON on stdin, its last stdout line the return.
 
-    The episode ends when the command exits: then whatever it left running in its process group is killed (a
-    background child holding its stdout open would otherwise make the episode wait for that child), and of its
-    output only the last ``_KEEP`` characters of each stream are held (a flood is read, not stored).
+    The command runs under :mod:`esopt_mp.agent.reaper` in a session of its own: when the command exits, every
+    process it started (in its session or not) is ended, so nothing it left behind holds the episode or outlives
+    the trainer. Its output is read as bytes, decoded with replacement (one invalid byte loses nothing), and of
+    each stream the last ``_KEEP`` bytes are held as they are read (a flood is read, not stored).
     """
     def job(slot: Slot) -> Outcome:
+        env = harness_env(base_url, model, api_key, passed, openai_env)
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=harness_env(base_url, model, api_key), start_new_session=True, text=True)
+            proc = subprocess.Popen([sys.executable, "-I", "-S", REAPER, str(os.getpid()), "--", *argv],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env, start_new_session=True)
         except OSError as e:
             return failed("infra", f"could not start {argv[0]}: {type(e).__name__}: {e}", failure_return)
-        slot.on_cancel = lambda: _kill_group(proc)
+        run = _Running(proc)
+        slot.on_cancel = run.stop
         if slot.cancelled:  # the wall clock passed while it started
-            _kill_group(proc)
-        tails: dict[str, list[str]] = {"out": [], "err": []}
-        readers = [threading.Thread(target=_drain, args=(stream, tails[k]), daemon=True)
-                   for k, stream in (("out", proc.stdout), ("err", proc.stderr))]
-        for t in readers:
+            run.stop()
+        tails = {"out": _Tail(proc.stdout), "err": _Tail(proc.stderr)}
+        for t in tails.values():
             t.start()
         try:
-            proc.stdin.write(json.dumps(task, default=str))
+            proc.stdin.write(json.dumps(task, default=str).encode())
             proc.stdin.close()
         except OSError:  # one that never reads its task: no error
             pass
-        try:  # exited, not yet reaped: its pid (the group's id) cannot be reused before the group is killed
-            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:
-            pass
-        _kill_group(proc)
-        proc.wait()
-        for t in readers:
-            t.join(timeout=5.0)  # a descendant that left the group may hold a pipe open: what was read so far
-        out, err = ("".join(tails[k]) for k in ("out", "err"))
-        tail = f"; stderr: {err.strip()[-_TAIL:]}" if err.strip() else ""
+        run.wait()
+        for t in tails.values():
+            t.join(timeout=5.0)  # every writer is gone: at once (elsewhere than Linux, what was read so far)
+        out, err = tails["out"].text(), tails["err"].text().strip()[-_TAIL:]
+        tail = f"; stderr: {err}" if err else ""
         if proc.returncode == EX_TEMPFAIL:
             return failed("infra", f"exited {EX_TEMPFAIL} (EX_TEMPFAIL){tail}", failure_return)
         if proc.returncode != 0:
@@ -226,23 +281,68 @@ def command_job(argv: list[str], base_url: str, model: str, api_key: str, task,
     return job
 
 
-_KEEP = 64 << 10  # characters of each of a command's output streams held while it runs
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
+_KEEP = 64 << 10  # bytes of each of a command's output streams held while it runs
+_STOP_S = 5.0  # how long a stopped command's keeper has to end its tree before its process group is killed
 
 
-def _drain(stream, into: list[str]) -> None:
-    """Read ``stream`` to its end, keeping its last ``_KEEP`` characters (in ``into``, one string)."""
-    tail = ""
-    try:
-        for chunk in iter(lambda: stream.read(8192), ""):
-            tail = (tail + chunk)[-_KEEP:]
-    except (OSError, ValueError):  # closed under it
-        pass
-    into.append(tail)
+class _Tail(threading.Thread):
+    """Reads a pipe to its end as bytes, holding its last ``_KEEP`` bytes as it goes: what was read is there
+    whenever the reading stops (a descendant elsewhere than Linux may hold the pipe open)."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True, name="esopt-harness-pipe")
+        self.stream, self.data = stream, b""
+
+    def run(self) -> None:
+        try:
+            for chunk in iter(lambda: self.stream.read1(1 << 16), b""):
+                self.data = (self.data + chunk)[-_KEEP:]
+        except (OSError, ValueError):  # closed under it
+            pass
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+class _Running:
+    """A started command under its keeper: :meth:`stop` (its wall clock) asks the keeper to end the tree, and kills
+    the keeper's process group if it has not exited ``_STOP_S`` later; :meth:`wait` returns once it exited, its
+    process group killed (whatever stayed in it) before it is reaped, so the group's id is never another's."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self._lock, self._reaped = proc, threading.Lock(), False
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._reaped:
+                return
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+        timer = threading.Timer(_STOP_S, self._kill_group)
+        timer.daemon = True
+        timer.start()
+
+    def _kill_group(self) -> None:
+        with self._lock:
+            if not self._reaped:
+                _kill_group(self.proc)
+
+    def wait(self) -> None:
+        try:  # exited, not yet reaped: its pid (the group's id) cannot be reused before the group is killed
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        with self._lock:
+            _kill_group(self.proc)
+            self._reaped = True
+        self.proc.wait()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL to the command's process group: it and every child it started, including those still running after
-    it exited (the group outlives its leader while it has members)."""
+    """SIGKILL to the command's process group: whatever still runs in it after its keeper exited."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -149,13 +149,15 @@ def test_a_harness_that_cannot_run_is_one_line(tmp_path, args, line):
 
 # a callable's failures (raised, not a number, past its wall clock, silent) are tests/unit/test_harness.py's
 @pytest.mark.parametrize("form,dos", [
-    (f"objective.command={sys.executable} tests/fixtures/harnesses.py", ["win", "exit", "nonumber", "sleep", "leave"]),
+    (f"objective.command={sys.executable} tests/fixtures/harnesses.py",
+     ["win", "exit", "nonumber", "sleep", "leave", "setsid", "badbyte", "errflood"]),
 ], ids=["command"])
 def test_each_failing_harness_is_its_kind_with_its_error(tmp_path, form, dos):
     """Tasks from a JSONL file, one per way to fail: each training episode's kind and error in trajectories.jsonl,
     the ledger's counts, and the member's return the mean with the failures scoring objective.failure_return. Past
-    its wall clock the command's process group is killed (its sleep would last a minute); one that answers and exits
-    leaving a child behind (holding its stdout) is scored at once and the child killed."""
+    its wall clock the command and every process it started are killed (its sleep would last a minute); one that
+    answers and exits leaving a child behind (holding its stdout, in its session or in one of its own) is scored at
+    once and the child killed; invalid UTF-8 on stdout or stderr loses no return."""
     tasks, held = tmp_path / "tasks.jsonl", tmp_path / "eval.jsonl"
     pids = tmp_path / "pids"
     tasks.write_text("".join(json.dumps({"id": d, "do": d, "pids": str(pids)}) + "\n" for d in dos))
@@ -167,7 +169,8 @@ def test_each_failing_harness_is_its_kind_with_its_error(tmp_path, form, dos):
              d))
     rows = {(r["member"], r["id"]): r for r in _rows(d, "train")}
     assert sorted(rows) == sorted((0, x) for x in dos)  # one member: a wall clock generous for a loaded machine
-    expect = {"win": (None, None), "leave": (None, None),
+    expect = {"win": (None, None), "leave": (None, None), "setsid": (None, None), "badbyte": (None, None),
+              "errflood": (None, None),
               "raise": ("model", "raised ValueError: the harness's own bug"),
               "sleep": ("wall_clock", "wall clock 20 s exceeded"), "exit": ("model", "exited 3; stderr: giving up"),
               "nonumber": ("model", "its last stdout line 'the answer is unclear' is not a number")}
@@ -183,8 +186,8 @@ def test_each_failing_harness_is_its_kind_with_its_error(tmp_path, form, dos):
         assert ret == pytest.approx((sum(rows[(m, x)]["return"] for x in wins) - fails) / len(dos))
     if slept:  # the sleeper and the child it started were killed with its process group
         assert all(not _running(int(pid)) for pid in pids.read_text().split())
-    if "leave" in dos:  # and the child left behind by one that had answered
-        assert all(not _running(int(pid)) for pid in (tmp_path / "pids.left").read_text().split())
+    for left in ("left", "setsid"):  # and the children left behind by one that had answered (in its session or not)
+        assert all(not _running(int(pid)) for pid in (tmp_path / f"pids.{left}").read_text().split())
 
 
 def _running(pid: int) -> bool:

@@ -17,7 +17,7 @@ from esopt_mp.agent.loop import build_agent_config, run_episodes, write_trajecto
 from esopt_mp.engine.base import Engine
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.engine.tp import replicated
-from esopt_mp.envs import FAILURE_KINDS, StartupError
+from esopt_mp.envs import FAILURE_KINDS, InfraError, StartupError
 from esopt_mp.es.seeds import stream_seed
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ class EpisodePlayer(EpisodeTally):
             self.train_tasks, self.eval_tasks = load_tasks(env_cfg)
         except (ValueError, OSError) as e:  # too few tasks, a bad task file, a task source that failed: one line
             raise StartupError(f"env.name={env_cfg.name}: its tasks: {e}") from e
+        except Exception as e:  # noqa: BLE001 - an environment's own task code raised: one line, not a traceback
+            raise StartupError(f"env.name={env_cfg.name}: its tasks: {type(e).__name__}: {e}") from e
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         EpisodeTally.__init__(self)
 
@@ -138,7 +140,18 @@ class EpisodePlayer(EpisodeTally):
 
     def _attempt(self, tasks, seeds, cfg, render, slots, ctx_seeds) -> list:
         """One attempt at the episodes of ``tasks``, each in a fresh environment."""
-        envs = [self.make_env(self.cfg.max_turns) for _ in tasks]
+        envs = []
+        try:
+            envs += [self.make_env(self.cfg.max_turns) for _ in tasks]
+        except InfraError:  # the infrastructure's failure, not the environment's: the caller's to retry or count
+            for env in envs:
+                getattr(env, "close", lambda: None)()
+            raise
+        except Exception as e:  # noqa: BLE001 - an environment that cannot be built cannot be played: one line
+            for env in envs:
+                getattr(env, "close", lambda: None)()
+            raise StartupError(f"env.name={self.cfg.name}: building its environment raised "
+                               f"{type(e).__name__}: {e}") from e
         # an environment may cap the episodes played at once (one browser each, say)
         group = self._group(len(tasks))
         eps = []

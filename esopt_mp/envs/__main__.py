@@ -1,6 +1,6 @@
 """Environments from the command line: list them, show one's section, check one before training on it.
 
-    python -m esopt_mp.envs list                                  # built-ins and installed plugins
+    python -m esopt_mp.envs list                                  # built-ins, installed plugins, name clashes
     python -m esopt_mp.envs show reasoning_gym                    # its section's keys and defaults
     python -m esopt_mp.envs check my_env difficulty=3 --reply "42"  # tasks, reset, steps: what training will do
 
@@ -10,8 +10,9 @@ environment's start-up check; draws the tasks of both splits as training would (
 held-out tasks equal to a training task dropped); resets an episode and plays it with the ``--reply`` texts
 (default: a few hostile replies: empty, binary, very long) until it ends; and prints one JSON object: the tasks,
 the opening messages, each step's reward, the return, and any failure in the terms the trainer would count it
-(``startup``; ``model``: the step raised or its reward is not finite; ``infra``: an ``InfraError`` or a failed
-reset). Exit status 0 when nothing failed, 1 otherwise, 2 on a bad name or section.
+(``startup``: the check, the tasks or the constructor failed; ``model``: the step raised or its reward is not
+finite; ``infra``: an ``InfraError`` or a failed reset). Exit status 0 when nothing failed, 1 otherwise, 2 on a
+bad name or section.
 """
 from __future__ import annotations
 
@@ -68,10 +69,14 @@ def check(name: str, pairs: list[str], replies: list[str], max_turns: int, n_tra
         train, held = spec.splits(generic, section)
         out["tasks"] = {"train": train, "eval": held}
         json.dumps(out["tasks"], allow_nan=False)  # tasks must be JSON (trajectories, resumes)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - too few tasks, tasks not JSON, a task source that raised
         out["failure"] = {"kind": "startup", "at": "tasks", "error": f"{type(e).__name__}: {e}"}
         return out
-    env = spec.build(section, max_turns=max_turns, sandbox=None)
+    try:
+        env = spec.build(section, max_turns=max_turns, sandbox=None)
+    except Exception as e:  # noqa: BLE001 - the environment's constructor: nothing could be played
+        out["failure"] = {"kind": "startup", "at": "build", "error": f"{type(e).__name__}: {e}"}
+        return out
     try:
         try:
             msgs, info = env.reset(train[0])
@@ -119,12 +124,13 @@ def main(argv=None) -> int:
     chk.add_argument("--n-train", type=int, default=2, help="training tasks drawn (env.n_train)")
     chk.add_argument("--n-eval", type=int, default=2, help="held-out tasks kept (env.n_eval)")
     args = ap.parse_args(argv)
-    from esopt_mp.envs.registry import EnvNotFound, describe, names, shadowed
+    from esopt_mp.envs.registry import EnvNotFound, describe, duplicates, names, shadowed
 
     try:
         if args.cmd == "list":
             builtin, plugins = names()
-            print(json.dumps({"builtin": builtin, "plugins": plugins, "shadowed": shadowed()}))
+            print(json.dumps({"builtin": builtin, "plugins": plugins, "shadowed": shadowed(),
+                              "duplicates": duplicates()}))
             return 0
         if args.cmd == "show":
             print(json.dumps(describe(args.name), indent=1, default=str))

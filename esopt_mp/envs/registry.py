@@ -22,6 +22,7 @@ from each environment instance by the agent loop (:mod:`esopt_mp.envs.base`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -67,8 +68,25 @@ def moved(key: str) -> str | None:
     return f"env.{new}" if new else None
 
 
+def _declared() -> dict[str, list[metadata.EntryPoint]]:
+    """Each plugin name's entry points, one per installed distribution declaring it, in ``sys.path`` order."""
+    out: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in metadata.entry_points(group=GROUP):
+        out.setdefault(ep.name, []).append(ep)
+    return out
+
+
 def _plugins() -> dict[str, metadata.EntryPoint]:
-    return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+    """The entry point used for each plugin name: the first on ``sys.path``, as ``import`` would find a module."""
+    return {name: eps[0] for name, eps in _declared().items()}
+
+
+def _dist(ep: metadata.EntryPoint) -> str:
+    return getattr(ep.dist, "name", None) or "?"
+
+
+def _origin(ep: metadata.EntryPoint) -> str:
+    return f"plugin {ep.value} (distribution {_dist(ep)})"
 
 
 def names() -> tuple[list[str], list[str]]:
@@ -83,6 +101,28 @@ def shadowed() -> dict[str, str]:
     return {n: ep.value for n, ep in _plugins().items() if n in BUILTIN}
 
 
+def duplicates() -> dict[str, list[dict]]:
+    """Plugin names more than one installed distribution declares: name -> each one's ``distribution`` and
+    ``target``, the one used (the first on ``sys.path``) first. Which one a run gets must not be a silent accident
+    of install order, so :func:`load_spec` warns."""
+    return {name: [{"distribution": _dist(ep), "target": ep.value} for ep in eps]
+            for name, eps in sorted(_declared().items()) if len(eps) > 1}
+
+
+def _conflict(name: str) -> str | None:
+    """One line on what else declares ``name`` (a built-in's, or another distribution's), or None."""
+    eps = _declared().get(name, [])
+    if name in BUILTIN and eps:
+        return (f"environment {name!r}: the built-in is used; installed "
+                f"{', '.join(_origin(ep) for ep in eps)} declare{'s' if len(eps) == 1 else ''} the same name and "
+                f"cannot be used: rename its entry point")
+    if len(eps) > 1:
+        return (f"environment {name!r} is declared by {len(eps)} installed distributions, "
+                f"{', '.join(f'{_dist(ep)} ({ep.value})' for ep in eps)}: using {_dist(eps[0])}'s, the first on "
+                f"sys.path; to use another, uninstall {_dist(eps[0])} or give an entry point another name")
+    return None
+
+
 _SPECS: dict[str, "EnvSpec"] = {}
 _LOCK = threading.Lock()
 
@@ -92,11 +132,11 @@ def load_spec(name: str) -> "EnvSpec":
     with _LOCK:
         if name in _SPECS:
             return _SPECS[name]
-        target = BUILTIN.get(name)
+        target, plugin = BUILTIN.get(name), None
         where = f"built-in {target}"
-        if target is not None and name in shadowed():
-            log.warning("environment %r: the installed plugin %s has a built-in's name and is not used; rename its "
-                        "entry point", name, shadowed()[name])
+        conflict = _conflict(name)
+        if conflict:
+            log.warning("%s", conflict)
         if target is None:
             ep = _plugins().get(name)
             if ep is None:
@@ -107,7 +147,8 @@ def load_spec(name: str) -> "EnvSpec":
                                   f"{', '.join(builtin)}; installed plugins: "
                                   f"{', '.join(plugins) or 'none'} (a plugin declares an entry point in group "
                                   f"{GROUP!r})")
-            target, where = ep.value, f"plugin {ep.value} (distribution {getattr(ep.dist, 'name', '?')})"
+            target = ep.value
+            where = plugin = _origin(ep)
         module, _, attr = target.partition(":")
         try:
             obj = importlib.import_module(module)
@@ -115,7 +156,12 @@ def load_spec(name: str) -> "EnvSpec":
                 obj = getattr(obj, part)
         except Exception as e:  # noqa: BLE001 - any import error of a plugin is reported with its name
             raise EnvNotFound(f"environment {name!r}: {where} failed to import: {type(e).__name__}: {e}") from e
-        spec = obj if isinstance(obj, EnvSpec) else FactorySpec(name, obj)
+        try:
+            spec = obj if isinstance(obj, EnvSpec) else FactorySpec(name, obj, plugin=plugin)
+        except EnvNotFound:
+            raise
+        except Exception as e:  # noqa: BLE001 - reading the factory ran its code (annotations, properties)
+            raise EnvNotFound(f"environment {name!r}: {where} cannot be read: {type(e).__name__}: {e}") from e
         spec.name = name
         _SPECS[name] = spec
         return spec
@@ -188,16 +234,19 @@ def _section_type(name: str, factory) -> type:
 
 
 class FactorySpec(EnvSpec):
-    """A plugin's (or a library adapter's) factory object seen as an :class:`EnvSpec`."""
+    """A plugin's (or a library adapter's) factory object seen as an :class:`EnvSpec`.
 
-    def __init__(self, name: str, factory):
+    ``plugin``: where a plugin's factory comes from (its entry point and distribution; None for a built-in
+    adapter): an exception its code raises at start-up is said in one line naming it, not as a traceback."""
+
+    def __init__(self, name: str, factory, plugin: str | None = None):
         if not callable(factory):
             raise EnvNotFound(f"environment {name!r}: {factory!r} is not callable (an entry point names a class "
                               "or function building one episode's environment)")
         if not callable(getattr(factory, "tasks", None)):
             raise EnvNotFound(f"environment {name!r}: {getattr(factory, '__qualname__', factory)!r} has no "
                               "tasks(split, n, seed) (its task source)")
-        self.name, self.factory = name, factory
+        self.name, self.factory, self.plugin = name, factory, plugin
         cfg = getattr(factory, "config", None)
         self.config = cfg if dataclasses.is_dataclass(cfg) else _section_type(name, factory)
         self.runs_code = bool(getattr(factory, "runs_code", False))
@@ -235,7 +284,8 @@ class FactorySpec(EnvSpec):
         params = _accepts(fn)
         if params is not None:
             kwargs = {k: v for k, v in kwargs.items() if k in params}
-        tasks = list(fn(split, n, seed, **kwargs))
+        with self._said(f"tasks({split!r}, {n}, {seed})"):
+            tasks = list(fn(split, n, seed, **kwargs))
         bad = next((t for t in tasks if not isinstance(t, dict)), None)
         if bad is not None:
             raise ValueError(f"environment {self.name!r}: tasks() must return dicts, got {type(bad).__name__}")
@@ -247,13 +297,32 @@ class FactorySpec(EnvSpec):
 
     def task_key(self, task: dict) -> str:
         fn = getattr(self.factory, "task_key", None)  # the factory's own notion of the same task, if it has one
-        return str(fn(task)) if callable(fn) else super().task_key(task)
+        if not callable(fn):
+            return super().task_key(task)
+        with self._said("task_key()"):
+            return str(fn(task))
+
+    @contextlib.contextmanager
+    def _said(self, call: str, passes: tuple = ()):
+        """A plugin's ``call`` raising (but ``passes``, its own way to refuse): a ValueError, the one line a start-up
+        reports, naming the plugin and the error. A built-in adapter's errors are its own, already one line."""
+        try:
+            yield
+        except passes:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever the plugin's code raised
+            if self.plugin is None:
+                raise
+            why = " ".join(str(e).split())
+            raise ValueError(f"environment {self.name!r}: {call} of {self.plugin} raised {type(e).__name__}"
+                             + (f": {why}" if why else "")) from e
 
     def validate(self, section, env_cfg, key: str) -> None:
         why = missing_requirements(self)
         if why:
             raise ValueError(f"{key}: {why}")
-        super().validate(section, env_cfg, key)
+        with self._said(f"{key}'s validate()", passes=(ValueError,)):  # a ValueError names the key it refuses
+            super().validate(section, env_cfg, key)
 
     def check(self, section, env_cfg, first: bool) -> None:
         super().check(section, env_cfg, first)
@@ -290,10 +359,15 @@ def _accepts(fn) -> set[str] | None:
 
 
 def describe(name: str) -> dict:
-    """What ``python -m esopt_mp.envs show NAME`` prints: where it comes from, its section and its defaults."""
+    """What ``python -m esopt_mp.envs show NAME`` prints: where it comes from (and what else declares its name),
+    its section and its defaults."""
     spec = load_spec(name)
     section = spec.config()
-    return {"name": name, "source": BUILTIN.get(name) or _plugins()[name].value,
+    eps = _declared().get(name, [])
+    used = None if name in BUILTIN or not eps else eps[0]
+    return {"name": name, "source": used.value if used else BUILTIN[name],
+            "distribution": _dist(used) if used else None,
+            "not_used": [f"{_dist(ep)}: {ep.value}" for ep in (eps[1:] if used else eps)],
             "section": {f.name: getattr(section, f.name) for f in dataclasses.fields(section)},
             "types": {f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
                       for f in dataclasses.fields(section)},

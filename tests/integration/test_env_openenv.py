@@ -95,6 +95,8 @@ def test_refused_action_is_feedback_and_the_session_goes_on(servers):
     assert (r, done, trunc) == (pytest.approx(-0.1), False, False) and "wrong" in out[0]["content"]
     out, r, done, trunc, info = env.step("still no number")  # the last turn: refused, and cut
     assert (r, done, trunc, info["valid_action"]) == (0.0, False, True, False)
+    assert "refused" in out[0]["content"] and "Your whole reply is the action" not in out[0]["content"]
+    assert out[0]["content"].endswith("\nOut of turns (3/3): the episode is over.")  # no action asked past it
     assert env._client is None
 
     strict = make(servers["game"], invalid_action="fail")

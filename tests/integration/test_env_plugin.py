@@ -118,6 +118,46 @@ def test_an_unknown_name_lists_plugins_and_a_broken_plugin_is_named_with_its_err
     assert "broken_mod:Env (distribution broken-plugin) failed to import: ModuleNotFoundError" in lines[0]
 
 
+NO_TASKS = '''
+class Env:
+    @classmethod
+    def tasks(cls, split, n, seed):
+        raise RuntimeError("the dataset server is down")
+
+    def reset(self, task):
+        raise AssertionError("never played")
+
+    def step(self, text):
+        raise AssertionError("never played")
+'''
+
+
+def test_a_plugin_whose_tasks_raise_is_one_line_naming_it_in_training_and_the_dry_run(tmp_path):
+    path = _fake_dist(tmp_path / "site", "notasks-plugin", "notasks = notasks_mod:Env", {"notasks_mod": NO_TASKS})
+    why = ("environment 'notasks': tasks('train', 8, 0) of plugin notasks_mod:Env (distribution notasks-plugin) "
+           "raised RuntimeError: the dataset server is down")
+    for dry, said in (("false", f"error: env.name=notasks: its tasks: {why}"),
+                      ("true", f"error: env.name=notasks: its tasks: ValueError: {why}")):
+        p = _train(tmp_path / "run", "env.name=notasks", f"run.dry_run={dry}", env={"PYTHONPATH": path})
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+        assert p.stderr.strip().splitlines()[-1] == said
+    assert not os.path.exists(tmp_path / "run" / "history.jsonl")
+
+
+NO_BOARD = NO_TASKS.replace('''        raise RuntimeError("the dataset server is down")''', '''        return [{"id": f"{split}{seed}-{i}"} for i in range(n)]
+
+    def __init__(self, max_turns=2):
+        raise RuntimeError("no board")''')
+
+
+def test_a_plugin_whose_constructor_raises_is_one_line_naming_it_in_training(tmp_path):
+    path = _fake_dist(tmp_path / "site", "noboard-plugin", "noboard = noboard_mod:Env", {"noboard_mod": NO_BOARD})
+    p = _train(tmp_path / "run", "env.name=noboard", env={"PYTHONPATH": path})
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines()[-1] == ("error: env.name=noboard: building its environment raised "
+                                                 "RuntimeError: no board")
+
+
 CRASHY = '''
 import random
 
@@ -182,7 +222,7 @@ class Down:
 
     @classmethod
     def tasks(cls, split, n, seed):
-        return [{"id": i} for i in range(n)]
+        return [{"id": f"{split}{seed}-{i}"} for i in range(n)]
 
     @classmethod
     def check(cls):

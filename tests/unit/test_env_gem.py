@@ -179,6 +179,7 @@ def test_turn_budget_truncates():
     assert env.step("\\boxed{A C}")[3] is False
     msgs, r, term, trunc, _ = env.step("\\boxed{A B}")
     assert (term, trunc) == (False, True) and msgs
+    assert msgs[-1]["content"].endswith("\n\nOut of turns (2/2): the episode is over.")  # no move asked past it
 
 
 def test_tasks_deterministic_and_disjoint():

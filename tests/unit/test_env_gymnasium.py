@@ -129,8 +129,22 @@ def test_library_time_limit_truncates():
     env = GymnasiumEnv(id="FrozenLake-v1", kwargs={"is_slippery": False, "max_episode_steps": 2}, max_turns=10)
     env.reset({"id": "t", "seed": 0})
     assert env.step("<action>right</action>")[3] is False
-    _, r, term, trunc, _ = env.step("<action>right</action>")
+    msgs, r, term, trunc, _ = env.step("<action>right</action>")
     assert (r, term, trunc) == (0.0, False, True)
+    last = msgs[-1]["content"].splitlines()[-1]
+    assert last == "FrozenLake-v1's own step limit ended the episode (turn 2/10)." and "Your action" not in last
+
+
+def test_the_last_turns_message_shows_no_turn_past_the_budget():
+    """Every prompt counts turns within the budget; the message after the last turn says the episode is over."""
+    env = GymnasiumEnv(id="FrozenLake-v1", kwargs={"is_slippery": False}, max_turns=4)
+    msgs, _ = env.reset({"id": "t", "seed": 0})
+    shown = [msgs[-1]["content"].splitlines()[-1]]
+    for _ in range(4):
+        msgs, _, term, trunc, _ = env.step("<action>left</action>")  # into the wall: never ends by itself
+        shown.append(msgs[-1]["content"].splitlines()[-1])
+    assert (term, trunc) == (False, True)
+    assert shown == [f"Turn {t}/4. Your action:" for t in (1, 2, 3, 4)] + ["Out of turns (4/4): the episode is over."]
 
 
 HOSTILE = ["", " ", "\x00\x00", "\ud800<action>up</action>\udfff", "<action>" * 20000,

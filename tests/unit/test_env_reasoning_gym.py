@@ -114,6 +114,10 @@ def test_attempts_give_feedback_and_the_final_attempt_scores():
     # the runtime's turn cap truncates an episode with attempts left
     _, _, steps = play(task, "<answer>0</answer>", "<answer>1</answer>", attempts=5, max_turns=2)
     assert [(s[2], s[3]) for s in steps] == [(False, False), (False, True)]
+    # ... and its last message asks for no attempt past the cap
+    assert "(1 attempt left)" in steps[0][0][0]["content"]
+    assert steps[1][0][0]["content"] == "Your answer scored 0.00 out of 1, so it is not correct. Out of turns (2/2): " \
+                                        "the episode is over."
 
 
 def test_the_last_answer_is_read_as_the_library_reads_it():

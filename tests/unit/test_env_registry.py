@@ -116,3 +116,110 @@ def test_a_library_adapter_without_its_library_is_one_line_naming_its_extra(monk
     assert str(e.value) == (f"env.{name}: environment {name!r} needs {requirement} (not installed): pip install "
                             f"'esopt_mp[{name}]' (from a source checkout: pip install -e '.[{name}]')")
     assert spec.requires == {module: requirement} and spec.extra == name
+
+
+def _dist(root, dist: str, entries: str, modules: dict[str, str] | None = None) -> str:
+    """An installed distribution (a dist-info declaring ``entries`` in the plugins' group) in a folder of its own."""
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{registry.GROUP}]\n{entries}\n")
+    for name, src in (modules or {}).items():
+        (root / f"{name}.py").write_text(src)
+    return str(root)
+
+
+def _game(tag: str) -> str:
+    return ("class Env:\n    @classmethod\n    def tasks(cls, split, n, seed):\n"
+            f"        return [{{'id': f'{tag}-{{split}}{{i}}'}} for i in range(n)]\n")
+
+
+@pytest.mark.parametrize("first", ["alpha", "beta"])
+def test_two_distributions_declaring_one_name_warn_naming_both_and_the_first_on_sys_path_is_used(
+        tmp_path, monkeypatch, caplog, first):
+    for tag in ("alpha", "beta"):
+        _dist(tmp_path / tag, f"{tag}-plugin", f"twin = twin_{tag}_{first}:Env", {f"twin_{tag}_{first}": _game(tag)})
+    second = "beta" if first == "alpha" else "alpha"
+    monkeypatch.syspath_prepend(str(tmp_path / second))
+    monkeypatch.syspath_prepend(str(tmp_path / first))  # first on sys.path
+    monkeypatch.setattr(registry, "_SPECS", {})
+    assert registry.names()[1].count("twin") == 1
+    assert registry.duplicates()["twin"] == [{"distribution": f"{n}-plugin", "target": f"twin_{n}_{first}:Env"}
+                                             for n in (first, second)]
+    with caplog.at_level("WARNING", logger="esopt_mp.envs.registry"):
+        spec = registry.load_spec("twin")
+        registry.load_spec("twin")  # said once
+    assert spec.tasks(spec.config(), "train", 1, 0) == [{"id": f"{first}-train0"}]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning == (f"environment 'twin' is declared by 2 installed distributions, {first}-plugin "
+                       f"(twin_{first}_{first}:Env), {second}-plugin (twin_{second}_{first}:Env): using "
+                       f"{first}-plugin's, the first on sys.path; to use another, uninstall {first}-plugin or give an "
+                       "entry point another name")
+    shown = registry.describe("twin")
+    assert (shown["distribution"], shown["not_used"]) == (f"{first}-plugin", [f"{second}-plugin: "
+                                                                             f"twin_{second}_{first}:Env"])
+
+
+def test_a_plugin_with_a_builtins_name_is_not_used_and_the_warning_names_its_distribution(tmp_path, monkeypatch,
+                                                                                          caplog):
+    monkeypatch.syspath_prepend(_dist(tmp_path, "shadow-plugin", "math_react = shadow_mod:Env"))
+    monkeypatch.setattr(registry, "_SPECS", {})
+    with caplog.at_level("WARNING", logger="esopt_mp.envs.registry"):
+        spec = registry.load_spec("math_react")
+    assert not isinstance(spec, FactorySpec)  # the built-in's SPEC
+    assert [r.getMessage() for r in caplog.records] == [
+        "environment 'math_react': the built-in is used; installed plugin shadow_mod:Env (distribution shadow-plugin) "
+        "declares the same name and cannot be used: rename its entry point"]
+
+
+BROKEN = '''
+import dataclasses
+
+
+@dataclasses.dataclass
+class Section:
+    level: int = 1
+
+    def validate(self, key):
+        if self.level == 3:
+            raise {}["level"]  # a bug in the plugin, not a refusal
+        if self.level < 0:
+            raise ValueError(f"{key}.level: must be >= 0, got {self.level}")
+
+
+class Env:
+    config = Section
+
+    @classmethod
+    def tasks(cls, split, n, seed, level=1):
+        if level == 1:
+            raise RuntimeError("the dataset server is down\\n(retry later)")
+        return [{"id": i} for i in range(n)]
+
+    @staticmethod
+    def task_key(task):
+        raise KeyError("q")
+'''
+
+
+def test_a_plugins_code_raising_at_start_up_is_one_line_naming_the_plugin(tmp_path, monkeypatch):
+    """What start-up calls of a plugin (its tasks, task_key, section validate) raising: a ValueError, the one line
+    the trainer, the dry run and ``python -m esopt_mp.envs check`` report, naming the entry point and distribution."""
+    monkeypatch.syspath_prepend(_dist(tmp_path, "broken-tasks", "brokentasks = brokentasks_mod:Env",
+                                      {"brokentasks_mod": BROKEN}))
+    monkeypatch.setattr(registry, "_SPECS", {})
+    spec = registry.load_spec("brokentasks")
+    where = "of plugin brokentasks_mod:Env (distribution broken-tasks) raised"
+    cfg = EnvConfig(name="brokentasks", n_train=2, n_eval=1, episodes_per_step=1)
+    with pytest.raises(ValueError) as e:
+        spec.splits(cfg, spec.config())
+    assert str(e.value) == (f"environment 'brokentasks': tasks('train', 2, 0) {where} RuntimeError: the dataset "
+                            "server is down (retry later)")
+    with pytest.raises(ValueError) as e:
+        spec.splits(cfg, spec.config(level=2))
+    assert str(e.value) == f"environment 'brokentasks': task_key() {where} KeyError: 'q'"
+    with pytest.raises(ValueError) as e:
+        spec.validate(spec.config(level=3), cfg, "env.brokentasks")
+    assert str(e.value) == f"environment 'brokentasks': env.brokentasks's validate() {where} KeyError: 'level'"
+    with pytest.raises(ValueError, match=r"^env.brokentasks.level: must be >= 0, got -1$"):  # its own refusal
+        spec.validate(spec.config(level=-1), cfg, "env.brokentasks")

@@ -95,6 +95,16 @@ def test_cut_short_scores_the_games_own_completion():
     assert ref[:2] == (1 / 3, 4) and got[:2] == ref[:2] and got[2]["truncation_score"] == ref[0]
 
 
+def test_the_last_turns_message_says_the_episode_is_over():
+    env = TextArenaEnv(max_turns=2, game="TowerOfHanoi-v0", game_kwargs={"num_disks": 3})
+    env.reset({"seed": 1})
+    msgs, _, term, trunc, _ = env.step("[A C]")
+    assert (term, trunc) == (False, False) and "Out of turns" not in msgs[-1]["content"]
+    msgs, _, term, trunc, _ = env.step("[A B]")
+    assert (term, trunc) == (False, True)
+    assert msgs[-1]["content"].endswith("\n\nOut of turns (2/2): the episode is over.")
+
+
 def test_random_games_replay_under_interleaving_and_leave_global_random_alone():
     """2048 spawns tiles from the global ``random`` in every step, Minesweeper lays its mines on the first reveal:
     two episodes interleaved see what each sees alone (and what the library shows when driven alone), and the

@@ -236,9 +236,11 @@ class GemEnv:
             self.done = True
             info["outcome"] = clean_text(str(obs))[:500]
             return [], reward, True, truncated, info
-        truncated = truncated or self.turn >= self.max_turns
+        text = _text(obs, step_info)
+        if self.turn >= self.max_turns:  # GEM's message may ask for a move: the turn after the last does not exist
+            truncated, text = True, f"{text}\n\nOut of turns ({self.turn}/{self.max_turns}): the episode is over."
         self.done = truncated
-        return [{"role": "user", "content": _text(obs, step_info)}], reward, False, truncated, info
+        return [{"role": "user", "content": text}], reward, False, truncated, info
 
     def close(self) -> None:
         self._env = None

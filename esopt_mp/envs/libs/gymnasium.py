@@ -282,9 +282,11 @@ class GymnasiumEnv:
             where = f"Observation: {_jsonable(obs)}"
         return "\n".join(p for p in (board, where) if p)
 
-    def _prompt(self, obs, feedback: str | None) -> str:
+    def _prompt(self, obs, feedback: str | None, end: str | None = None) -> str:
+        """The next turn's user message; ``end``: the episode was cut short, said in place of asking for an action
+        (the turn after the last one does not exist)."""
         parts = [feedback] if feedback else []
-        parts += [self._observation(obs), f"Turn {self.turn + 1}/{self.max_turns}. Your action:"]
+        parts += [self._observation(obs), end or f"Turn {self.turn + 1}/{self.max_turns}. Your action:"]
         return "\n".join(parts)
 
     # -- the protocol --
@@ -324,9 +326,13 @@ class GymnasiumEnv:
             self.done = True
             info["outcome"] = self._observation(self._obs)
             return [], reward, True, truncated, info
-        truncated = truncated or self.turn >= self.max_turns
+        end = None
+        if self.turn >= self.max_turns:
+            truncated, end = True, f"Out of turns ({self.turn}/{self.max_turns}): the episode is over."
+        elif truncated:  # the library's own step limit (its TimeLimit wrapper) came first
+            end = f"{self.id}'s own step limit ended the episode (turn {self.turn}/{self.max_turns})."
         self.done = truncated
-        return [{"role": "user", "content": self._prompt(self._obs, feedback)}], reward, False, truncated, info
+        return [{"role": "user", "content": self._prompt(self._obs, feedback, end)}], reward, False, truncated, info
 
     def close(self) -> None:
         if self._env is not None:

@@ -219,10 +219,12 @@ class OpenEnvEnv:
             if action is None:  # refused: the server's reasons (or ours) go back to the model
                 if self.cfg.invalid_action == "fail":
                     raise ValueError(f"invalid action: {why}")
-                if out_of_turns:
-                    self.close()
                 info = {"turn": self.turn, "valid_action": False, "error": why[:500]}
-                return [{"role": "user", "content": f"{why}\n{self._usage()}"}], 0.0, False, out_of_turns, info
+                if out_of_turns:  # the reasons, but no call for another action: the turn after the last does not exist
+                    self.close()
+                    end = f"Out of turns ({self.turn}/{self.max_turns}): the episode is over."
+                    return [{"role": "user", "content": f"{why}\n{end}"}], 0.0, False, True, info
+                return [{"role": "user", "content": f"{why}\n{self._usage()}"}], 0.0, False, False, info
             obs, reward, done = self._result(result)
             info = {"turn": self.turn, "valid_action": True}
             if done or out_of_turns:

@@ -293,6 +293,10 @@ class ReasoningGymEnv:
             return [], reward, True, False, info
         said = ("No <answer>...</answer> found in your reply" if answer is None
                 else f"Your answer scored {reward:.2f} out of 1, so it is not correct")
+        if self.turn >= self.max_turns:  # the run's turn budget ends it before the attempts do: no "try again"
+            feedback = f"{said}. Out of turns ({self.turn}/{self.max_turns}): the episode is over."
+            return [{"role": "user", "content": feedback}], reward, False, True, info
+        left = min(left, self.max_turns - self.turn)  # the attempts the turn budget leaves
         feedback = (f"{said}. Try again ({left} attempt{'s' if left > 1 else ''} left): think it over and give only "
                     "the final answer as <answer>answer here</answer>.")
-        return [{"role": "user", "content": feedback}], reward, False, self.turn >= self.max_turns, info
+        return [{"role": "user", "content": feedback}], reward, False, False, info

@@ -295,6 +295,9 @@ class TextArenaEnv:
                     info["truncation_score"] = reward
                 except Exception as e:  # noqa: BLE001 - no score of a game cut short: 0, as for a game without one
                     info["truncation_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            # the game's message may ask for a move: the turn after the last one does not exist
+            feedback = "\n\n".join(p for p in (feedback, f"Out of turns ({self.turn}/{self.max_turns}): the episode "
+                                                         "is over.") if p)
         return ([{"role": "user", "content": feedback or "(the game sent no message) Your move:"}], reward, False,
                 truncated, info)
 

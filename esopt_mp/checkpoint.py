@@ -40,7 +40,8 @@ import torch
 
 from esopt_mp.dcp_boxes import box_state_dict, metadata_from_json, metadata_to_json
 from esopt_mp.identity import file_sha256
-from esopt_mp.ledger import LEDGER, Ledger, LedgerError, fsync_dir
+from esopt_mp.ledger import LEDGER, Ledger, LedgerError
+from esopt_mp.runfiles import fresh_dir, fsync_dir, open_run_file, run_subdir
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -91,7 +92,7 @@ def _ckpt_root(run_dir: str) -> str:
 
 
 def _write_json(path: str, obj) -> None:
-    with open(path, "w") as f:
+    with open_run_file(path, "w") as f:
         json.dump(obj, f)
         f.flush()
         os.fsync(f.fileno())
@@ -194,8 +195,8 @@ class Checkpointer:
         tmp = final + ".tmp"
         group = dims.checkpoint_group()  # collective on first use: before any rank may skip
         if dims.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp, exist_ok=True)
+            run_subdir(root)  # a link planted as ckpt/ or step_N.tmp is refused or removed, never written through
+            fresh_dir(tmp)
             fsync_dir(root)
         dims.comm.barrier()
         future = None

@@ -14,6 +14,7 @@ import torch
 
 from esopt_mp.checkpoint import CheckpointError, check_checkpoint, dcp_metadata
 from esopt_mp.dcp_boxes import JsonMetadataReader
+from esopt_mp.runfiles import fresh_dir, remove_path
 
 __all__ = ["export_checkpoint", "read_checkpoint"]
 
@@ -34,8 +35,7 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
     meta = dcp_metadata(path)  # from chunks.json: nothing is unpickled
     saved = meta.state_dict_metadata
     tmp = out_dir + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    fresh_dir(tmp)
     used, total = set(), 0
     for fname in sorted(os.listdir(base)):
         src = os.path.join(base, fname)
@@ -72,7 +72,7 @@ def export_checkpoint(path: str, base: str, out_dir: str, dtype: torch.dtype) ->
         idx.setdefault("metadata", {})["total_size"] = total
         with open(index, "w") as f:
             json.dump(idx, f, indent=2)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    remove_path(out_dir)  # the previous export, or a link there (removed, not followed)
     os.replace(tmp, out_dir)
     return out_dir
 

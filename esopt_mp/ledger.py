@@ -16,6 +16,8 @@ import json
 import logging
 import os
 
+from esopt_mp.runfiles import cut_torn_tail, fsync_dir, open_run_file
+
 log = logging.getLogger(__name__)
 LEDGER = "history.jsonl"
 _SUFFIX_LEN = len(',"sha256":"') + 16 + len('"}')
@@ -90,10 +92,11 @@ class Ledger:
         self._next: int | None = None  # step of the next append, once the tail has been checked
 
     def _scan(self) -> tuple[list[dict], int, int]:
-        if not os.path.exists(self.path):
+        try:
+            with open_run_file(self.path, "rb") as f:  # a link is refused, not read (repair truncates the file)
+                data = f.read()
+        except FileNotFoundError:
             return [], 0, 0
-        with open(self.path, "rb") as f:
-            data = f.read()
         entries, end = scan(data, self.path)
         for i, e in enumerate(entries):
             if e.get("config_hash") != self.config_hash:
@@ -112,13 +115,7 @@ class Ledger:
         """:meth:`read`, then cut a torn tail off the file (rank 0) so that appends continue a clean file."""
         entries, end, size = self._scan()
         if self.rank == 0:
-            if end != size:
-                log.warning("%s: dropping a torn tail of %d bytes after step %d", self.path, size - end,
-                            len(entries) - 1)
-                with open(self.path, "r+b") as f:
-                    f.truncate(end)
-                    f.flush()
-                    os.fsync(f.fileno())
+            cut_torn_tail(self.path, end, size, f"step {len(entries) - 1}")
             self._next = len(entries)
         return entries
 
@@ -132,7 +129,7 @@ class Ledger:
             raise LedgerError(f"{self.path}: appending step {entry.get('step')}, expected step {self._next}")
         line = encode_record(dict(entry, config_hash=self.config_hash))
         created = not os.path.exists(self.path)
-        with open(self.path, "ab") as f:
+        with open_run_file(self.path, "ab") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
@@ -154,10 +151,3 @@ def updates_digest(entries: list[dict], h=None):
                             separators=(",", ":")).encode())
     return h
 
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,11 +1,14 @@
 """Rank-filtered logging and rank-0 metrics (JSONL)."""
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
 import os
 import sys
+
+from esopt_mp.runfiles import open_run_file, read_jsonl, repair_jsonl, write_atomic
 
 
 def setup_logging(rank: int, level: str = "INFO") -> None:
@@ -27,13 +30,17 @@ def setup_logging(rank: int, level: str = "INFO") -> None:
 
 class MetricsWriter:
     """Rank 0: one JSON object per record in ``path``, and the same scalars to the trackers ``loggers`` names
-    (``run.loggers``: tensorboard, wandb, mlflow; :mod:`esopt_mp.trackers`). A no-op on the other ranks."""
+    (``run.loggers``: tensorboard, wandb, mlflow; :mod:`esopt_mp.trackers`). A no-op on the other ranks.
+
+    A torn tail a crash left in ``path`` is cut before the first append (a resumed run's records are never glued
+    onto it); a symbolic link there is refused (:mod:`esopt_mp.runfiles`)."""
 
     def __init__(self, path: str, rank: int, loggers: list[str] = (), config: dict | None = None):
         self.path, self.enabled = path, rank == 0
         self.trackers = []
         if self.enabled:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            repair_jsonl(path)
             if loggers:
                 from esopt_mp.trackers import build_trackers
 
@@ -42,7 +49,7 @@ class MetricsWriter:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
+        with open_run_file(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.trackers:
             from esopt_mp.trackers import scalars
@@ -79,18 +86,18 @@ def summary_screen(s: dict) -> str:
 
 def plot_run(metrics_path: str, out_png: str, title: str = "") -> str | None:
     """Returns (training mean/max and held-out, on one step axis), sigma (the baselines: KL) and seconds per step
-    from ``metrics.jsonl`` into one PNG titled ``title`` (the run and its settings)."""
+    from ``metrics.jsonl`` into one PNG titled ``title`` (the run and its settings). A line a crash tore is skipped
+    (the end of a run never fails on it); the PNG replaces ``out_png`` whole (a link there is replaced, not
+    followed)."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure registry to import
     from matplotlib.ticker import MaxNLocator
 
     steps, evals = [], []
-    with open(metrics_path) as f:
-        for line in f:
-            r = json.loads(line)
-            if "return_mean" in r:
-                steps.append(r)
-            elif "eval" in r:
-                evals.append(r)
+    for r in read_jsonl(metrics_path):
+        if "return_mean" in r:
+            steps.append(r)
+        elif "eval" in r:
+            evals.append(r)
     if not steps:
         return None
     fig = Figure(figsize=(13, 4.2))
@@ -122,5 +129,7 @@ def plot_run(metrics_path: str, out_png: str, title: str = "") -> str | None:
     if title:
         fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.83 if title else 0.9, wspace=0.25)  # a fixed
-    fig.savefig(out_png, dpi=90)  # layout: tight_layout's result for this grid, without measuring every text
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=90)  # layout: tight_layout's result for this grid, without measuring texts
+    write_atomic(out_png, png.getvalue())
     return out_png

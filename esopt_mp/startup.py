@@ -13,6 +13,7 @@ import os
 import tempfile
 
 from esopt_mp.envs.base import StartupError
+from esopt_mp.runfiles import check_no_links
 
 MODEL_HINT = "a local Hugging Face model directory (config.json, tokenizer files, *.safetensors)"
 WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
@@ -32,9 +33,11 @@ def read_json(path: str, missing: str):
 
 def check_run_dir(path: str, create: bool = True) -> None:
     """``run.dir`` can be written: made here (``create``), or, for a dry run, its nearest existing ancestor is a
-    directory this user may create it in."""
+    directory this user may create it in; none of the files the run writes there is a symbolic link."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise StartupError(f"run.dir: {path} is a file, not a directory: set run.dir=PATH to a directory")
+    if os.path.isdir(path):
+        check_no_links(path)
     if not create:
         probe = os.path.abspath(path)
         while not os.path.exists(probe):

@@ -16,6 +16,7 @@ import time
 import uuid
 
 from esopt_mp.envs.base import StartupError
+from esopt_mp.runfiles import run_subdir, write_atomic
 from esopt_mp.typed import ConfigError, flatten
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,7 @@ def _kept_id(run_dir: str, name: str, new) -> str:
         with open(path) as f:
             return f.read().strip()
     rid = new()
-    with open(path, "w") as f:
-        f.write(rid)
+    write_atomic(path, rid)  # a link there is replaced, not written through
     return rid
 
 
@@ -92,7 +92,7 @@ class TensorBoard:
     def __init__(self, run_dir: str, name: str, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.w = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+        self.w = SummaryWriter(run_subdir(os.path.join(run_dir, "tensorboard")))
 
     def log(self, step: int, values: dict) -> None:
         for k, v in values.items():
@@ -109,6 +109,7 @@ class Wandb:
 
         from esopt_mp.progress import interactive
 
+        run_subdir(os.path.join(run_dir, "wandb"))  # where wandb.init(dir=run_dir) writes: not through a link
         rid = _kept_id(run_dir, "wandb", lambda: uuid.uuid4().hex[:12])
         quiet = not interactive()  # a batch log: none of wandb's coloured banner and teardown lines
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "esopt_mp"), name=name, id=rid,
@@ -130,7 +131,7 @@ class MLflow:
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:  # a local file store (mlflow keeps it in maintenance mode, asks for an opt-in)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = "file:" + os.path.join(os.path.abspath(run_dir), "mlruns")
+            uri = "file:" + run_subdir(os.path.join(os.path.abspath(run_dir), "mlruns"))
         self.client = MlflowClient(tracking_uri=uri)
         exp_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "esopt_mp")
         exp = self.client.get_experiment_by_name(exp_name)

@@ -42,7 +42,7 @@ from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, MemberQueue, ParallelDims, check_replicas, gather_returns
 from esopt_mp.profiling.sampler import malloc_trim
 from esopt_mp.health import Health
-from esopt_mp.runner import write_config
+from esopt_mp.runner import trajectories_file, write_config
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class ESTrainer:
 
         self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
         engine = engine or HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
-        traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
+        traj = trajectories_file(cfg, dims.rank)
         search = cfg.prompt.optimiser not in ("none", "skill")  # program search: fitness compared across programs
         player = EpisodePlayer(cfg.env, cfg.engine, cfg.run.seed, engine, dims, traj, fixed_task=search)
         self.engine = player.engine
@@ -184,7 +184,7 @@ class ESTrainer:
 
         self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
         engine = engine or HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
-        traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
+        traj = trajectories_file(cfg, dims.rank)
         self.objective = build_harness(cfg, engine, dims, traj)
         self.engine = self.objective.player.engine
 

@@ -100,6 +100,7 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
     from esopt_mp.parallel import close_distributed, cpu_threads, discover, init_distributed
+    from esopt_mp.runfiles import RunFileError
     from esopt_mp.runner import run
     from esopt_mp.startup import check_start, dry_run
     from esopt_mp.trainer import ESTrainer
@@ -142,14 +143,14 @@ def main(hcfg: DictConfig) -> None:
                 from esopt_mp.baselines.trainer import BaselineTrainer
 
                 trainer = BaselineTrainer(cfg, dims)
-        except (StartupError, LedgerError, CheckpointError) as e:  # the environment cannot be played here (its
-            print(f"error: {e}", file=sys.stderr)  # sandbox, browsers, server, tasks), or the run.dir holds another
-            code = 2  # run (its config hash) or a checkpoint that cannot be resumed: one line
+        except (StartupError, LedgerError, CheckpointError, RunFileError) as e:  # the environment cannot be
+            print(f"error: {e}", file=sys.stderr)  # played here (its sandbox, browsers, server, tasks), or the run.dir
+            code = 2  # holds another run (its config hash), a checkpoint that cannot be resumed or a link: one line
         if trainer is not None:
             try:
                 summary = run(trainer)
-            except StartupError as e:  # found at the first evaluation (a harness that never calls its endpoint)
-                print(f"error: {e}", file=sys.stderr)
+            except (StartupError, RunFileError) as e:  # found at the first evaluation (a harness that never calls
+                print(f"error: {e}", file=sys.stderr)  # its endpoint), or a link planted in run.dir as it ran
                 summary, code = None, 2
         if summary is not None:
             if launch.rank == 0:

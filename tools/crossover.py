@@ -31,6 +31,9 @@ import time
 from tqdm.auto import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from esopt_mp.runfiles import read_jsonl  # noqa: E402
 METHODS = ("es", "grpo", "ppo")
 SUDOKU_HORIZON = "env.sudoku.mask_count"
 
@@ -73,14 +76,12 @@ def _summary(run_dir: str) -> dict | None:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        found = [json.loads(line)["summary"] for line in f if '"summary"' in line]
+    found = [r["summary"] for r in read_jsonl(path) if "summary" in r]  # a line a crash tore is skipped
     return found[-1] if found else None
 
 
 def _train_episodes(run_dir: str) -> int:
-    with open(os.path.join(run_dir, "trajectories.jsonl")) as f:
-        return sum(1 for line in f if json.loads(line).get("kind") == "train")
+    return sum(1 for r in read_jsonl(os.path.join(run_dir, "trajectories.jsonl")) if r.get("kind") == "train")
 
 
 def execute(run: dict, threads: int) -> dict:

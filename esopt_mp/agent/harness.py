@@ -24,6 +24,7 @@ from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.engine.tp import replicated
 from esopt_mp.es.seeds import stream_seed
 from esopt_mp.parallel.comm import first_failure
+from esopt_mp.runfiles import open_run_file
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ def _count(calls) -> int:
 def write_requests(path: str, eps: list[Episode], records: list[list], **tags) -> None:
     """One JSON line per episode: the tags (kind, step, member...), its return, how it ended, and every request
     and reply the endpoint saw from it."""
-    with open(path, "a") as f:
+    with open_run_file(path, "a") as f:  # never through a link planted in run.dir
         for ep, reqs in zip(eps, records):
             row = {k: v for k, v in ep.to_json().items() if k != "turns"}
             f.write(json.dumps({**tags, **row, "requests": reqs}, default=str) + "\n")

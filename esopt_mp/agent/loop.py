@@ -17,6 +17,7 @@ from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs.base import InfraError, call_envs, failure_return, returns_sum
 from esopt_mp.envs.config import EnvConfig, check_episode_limits
 from esopt_mp.envs.toolcalls import clean_text
+from esopt_mp.runfiles import open_run_file
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +210,8 @@ def _jsonable(x):
 
 
 def write_trajectories(path: str, episodes: list[Episode], **extra) -> None:
-    """Append one JSON line per episode (its turns, return, why it ended)."""
-    with open(path, "a") as f:
+    """Append one JSON line per episode (its turns, return, why it ended); a symbolic link at ``path`` is refused."""
+    with open_run_file(path, "a") as f:
         for ep in episodes:
             row = {**extra, **ep.to_json()}
             try:

@@ -35,7 +35,8 @@ from esopt_mp.identity import config_identity
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
-from esopt_mp.runner import write_config
+from esopt_mp.runfiles import open_run_file, run_subdir
+from esopt_mp.runner import trajectories_file, write_config
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class BaselineTrainer:
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        traj = os.path.join(cfg.run.dir, "trajectories.jsonl") if cfg.run.trajectories else None
+        traj = trajectories_file(cfg, dims.rank)
         engine = HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
         self.player = EpisodePlayer(cfg.env, cfg.engine, self.seed, engine, dims, traj)
         self.held_out = HeldOut(self.player)
@@ -138,10 +139,10 @@ class BaselineTrainer:
                 "step_s": time.perf_counter() - t0, **stats}
 
     def save(self, step: int) -> str:
-        out = os.path.join(self.cfg.run.dir, "baseline")
-        os.makedirs(out, exist_ok=True)
+        out = run_subdir(os.path.join(self.cfg.run.dir, "baseline"))
         path = os.path.join(out, f"rank{self.dims.rank}.pt")
-        torch.save({"step": step, "config_hash": self.config_hash, **self.optimizer.state_dict()}, path + ".tmp")
+        with open_run_file(path + ".tmp", "wb") as f:  # a link is refused; the rename replaces one at ``path``
+            torch.save({"step": step, "config_hash": self.config_hash, **self.optimizer.state_dict()}, f)
         os.replace(path + ".tmp", path)
         return path
 

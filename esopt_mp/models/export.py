@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 
 import torch
 
 from esopt_mp.models.loading import _as_dtensor
+from esopt_mp.runfiles import fresh_dir, remove_path
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,7 @@ def export_hf(model, tokenizer, out_dir: str, dims, max_shard_bytes: int = DEFAU
                                                  max_shard_size=max_shard_bytes)
     tmp = out_dir + ".tmp"
     if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        fresh_dir(tmp)
     for filename, keys in split.filename_to_tensors.items():
         shard = {}
         for key in keys:  # the same order on every tp rank: each gather is a collective
@@ -115,7 +114,7 @@ def export_hf(model, tokenizer, out_dir: str, dims, max_shard_bytes: int = DEFAU
     _write_config(model, tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    remove_path(out_dir)  # the previous export, or a link there (removed, not followed)
     os.replace(tmp, out_dir)
     log.info("exported %d tensors in %d file(s) to %s", len(entries), len(split.filename_to_tensors), out_dir)
     return out_dir

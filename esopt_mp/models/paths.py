@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from esopt_mp.runfiles import no_link
+
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 
 
@@ -31,6 +33,7 @@ def resolve_model_dir(model_cfg, run_dir: str, dims, agent: bool) -> str:
         return path
     path = os.path.join(run_dir, "base_model")
     if dims.rank == 0:
+        no_link(path)  # the tiny model and its tokenizer are written there: never through a link
         t = model_cfg.tiny
         sizes = tiny_sizes(t)
         if agent:

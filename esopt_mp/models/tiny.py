@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from esopt_mp.runfiles import fresh_dir
+
 
 def tiny_qwen35_config(vocab_size: int = 512, hidden_size: int = 64, num_hidden_layers: int = 4,
                        intermediate_size: int = 128, tie_word_embeddings: bool = False, **overrides):
@@ -78,8 +80,8 @@ def build_tiny_qwen35(path: str, seed: int = 0, arch: str = "qwen3_5", **config)
     else:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     tmp = f"{path}.tmp{os.getpid()}"
-    model.save_pretrained(tmp)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    model.save_pretrained(fresh_dir(tmp))  # a folder of this call's own, whatever was at its name
     try:
         os.rename(tmp, path)
     except OSError:  # another rank got there first

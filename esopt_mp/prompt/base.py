@@ -8,7 +8,7 @@ import os
 import re
 from typing import Protocol
 
-from esopt_mp.ledger import fsync_dir
+from esopt_mp.runfiles import fsync_dir, run_subdir, write_atomic
 
 CONTEXTS = "contexts"  # run.dir/contexts/<hash>.txt: every context version, written once
 
@@ -144,18 +144,6 @@ class ContextOptimiser(Protocol):
         ...
 
 
-def write_atomic(path: str, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, never a torn file: a temporary file, fsynced, renamed, and
-    the rename fsynced in its folder (as the ledger's appends are: a crash keeps what the ledger names)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
-
-
 class ContextStore:
     """``run_dir/contexts/<hash>.txt``; a text is written once and checked against its hash when read."""
 
@@ -167,8 +155,8 @@ class ContextStore:
         h = context_hash(text)
         path = os.path.join(self.dir, f"{h}.txt")
         if self.write_ok and not os.path.exists(path):
-            if not os.path.isdir(self.dir):
-                os.makedirs(self.dir, exist_ok=True)
+            if not os.path.isdir(self.dir) or os.path.islink(self.dir):
+                run_subdir(self.dir)  # a link there is refused, not written through
                 fsync_dir(os.path.dirname(self.dir))  # the new folder's entry in the run directory
             write_atomic(path, text)
         return h

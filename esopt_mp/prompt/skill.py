@@ -22,8 +22,9 @@ import math
 import os
 from typing import Callable
 
-from esopt_mp.prompt.base import Trajectory, context_hash, write_atomic
+from esopt_mp.prompt.base import Trajectory, context_hash
 from esopt_mp.prompt.skill_edits import apply_edits, merge, parse_edits, render_skill, parse_skill
+from esopt_mp.runfiles import open_run_file, write_atomic
 
 log = logging.getLogger(__name__)
 SKILL_LOG = "skill.jsonl"
@@ -171,7 +172,7 @@ class SkillSynthesis:
 
     def _write(self, rec: dict) -> None:
         if self.log_path:
-            with open(self.log_path, "a", encoding="utf-8") as f:
+            with open_run_file(self.log_path, "a") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
 
 

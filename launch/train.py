@@ -100,6 +100,7 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
     from esopt_mp.parallel import close_distributed, cpu_threads, discover, init_distributed
+    from esopt_mp.parallel.comm import lost_peer
     from esopt_mp.runfiles import RunFileError
     from esopt_mp.runner import run
     from esopt_mp.startup import check_start, dry_run
@@ -152,6 +153,13 @@ def main(hcfg: DictConfig) -> None:
             except (StartupError, RunFileError) as e:  # found at the first evaluation (a harness that never calls
                 print(f"error: {e}", file=sys.stderr)  # its endpoint), or a link planted in run.dir as it ran
                 summary, code = None, 2
+            except Exception as e:  # a peer gone mid-step (killed, its node lost): one line on each survivor
+                why = lost_peer(e)
+                if why is None:
+                    raise
+                print(f"error: rank {dims.rank}: another rank left the world mid-run ({why}); this rank stops "
+                      "too, and a restart resumes from the newest checkpoint", file=sys.stderr)
+                summary, code = None, 1
         if summary is not None:
             if launch.rank == 0:
                 print(json.dumps(summary))

@@ -49,6 +49,23 @@ def gather_returns(local: dict[int, float], population: int, dims: ParallelDims)
     return torch.where(flag == VALID, value, torch.full_like(value, math.nan)).numpy()
 
 
+# what gloo, NCCL and the store say when a peer process is gone (gloo raises a plain RuntimeError)
+_LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
+              "nccl communicator was aborted", "socket timeout", "timed out")
+
+
+def lost_peer(e: BaseException) -> str | None:
+    """The first line of a collective's error when it says a peer is gone (killed, its node lost), else None: a
+    rank's own bug keeps its traceback, a peer's death is one line on the survivors (the launcher says which
+    rank died)."""
+    dist_error = getattr(torch.distributed, "DistError", ())
+    if not isinstance(e, dist_error) and not (isinstance(e, RuntimeError) and any(
+            s in str(e).lower() for s in _LOST_PEER)):
+        return None
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return first[:300]
+
+
 class ReplicaDriftError(RuntimeError):
     """Data-parallel replicas of a shard no longer hold the same weights."""
 

@@ -3,10 +3,26 @@
 No ``from __future__ import annotations`` here: FastAPI reads the handlers' ``Request`` annotations at runtime.
 """
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-from esopt_mp.endpoint.protocol import RequestError
+from esopt_mp.endpoint.protocol import RequestError, too_large
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The request's body, or :func:`too_large` as soon as it is known to exceed ``cap`` bytes: its declared
+    Content-Length, else the bytes received so far (a chunked body); what is past the cap is never kept."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise too_large(cap)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise too_large(cap)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def build_app(server):
@@ -18,9 +34,13 @@ def build_app(server):
 
     async def chat(request: Request, token: str | None):
         try:
-            status, body, streamed = await server.chat(token, await request.body(), request.headers)
+            server.check_key(request.headers.get("authorization"))  # first: a stranger's body is never read
+            raw = await read_body(request, server.cfg.max_body_bytes)
+            status, body, streamed = await server.chat(token, raw, request.headers)
         except RequestError as e:
             return error(e)
+        except ClientDisconnect:  # the client went (or missed endpoint.request_timeout_s): nobody reads a reply
+            return Response(status_code=400)
         if streamed:
             return StreamingResponse(iter(body), media_type="text/event-stream")
         return JSONResponse(body, status_code=status)

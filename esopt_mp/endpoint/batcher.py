@@ -3,11 +3,12 @@
 Lockstep: a batch is generated as soon as every live episode (as the caller counts them) has a request waiting,
 else ``batch_window_s`` after the oldest waiting request; rows are ordered by (episode, conversation), so the same
 requests make the same batch. The generation runs on the caller's thread (at tp > 1 inside ``TPEngine.lead``,
-so the peers join every forward); the HTTP threads only enqueue and wait.
+so the peers join every forward); the HTTP side tokenises a request (:func:`encode_turn`), enqueues it and waits.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from typing import Callable
 
@@ -32,6 +33,7 @@ class Pending:
     cap: int | None  # the request's max_tokens
     arrived: float
     deliver: Callable[[object], None]  # called once: a Turn, or an error the HTTP side turns into its response
+    ids: list[int] | None = None  # this turn's new token ids, tokenised when it was submitted (None: not yet)
 
 
 @dataclasses.dataclass
@@ -79,22 +81,73 @@ class Batcher:
         return out
 
 
+def token_bound(tok) -> tuple[int, object] | None:
+    """(the most characters one token can stand for, the tokenizer's normalizer) of a byte-level BPE tokenizer
+    (Qwen's, Llama 3's): a token's vocabulary string has a character per byte it stands for (an added token's, its
+    own text), so a text of ``n`` characters, once normalised, is at least ``n / most`` tokens. None for other
+    tokenizers (a WordPiece ``[UNK]`` stands for a whole word, a whitespace pre-tokenizer drops characters)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    try:
+        kinds = json.dumps(json.loads(backend.pre_tokenizer.__getstate__()))
+    except Exception:  # noqa: BLE001 - a slow tokenizer, no pre-tokenizer: no bound
+        return None
+    if '"type": "ByteLevel"' not in kinds:
+        return None
+    return max(map(len, tok.get_vocab())), backend.normalizer
+
+
+def min_tokens(text: str, bound: tuple[int, object] | None, need: int) -> int:
+    """A floor on ``text``'s token count, without tokenising it (0 without a bound); exact enough to tell whether
+    it reaches ``need`` (the normalizer runs only for a text that would, by its raw length)."""
+    if bound is None:
+        return 0
+    most, norm = bound
+    floor = -(-len(text) // most)
+    if floor >= need and norm is not None:  # a normalizer may join characters (NFC): count what it leaves
+        floor = -(-len(norm.normalize_str(text)) // most)
+    return floor
+
+
+def too_long(tokens: int, limit: int, at_least: bool = False) -> RequestError:
+    return RequestError(400, f"messages: this conversation is {'at least ' if at_least else ''}{tokens} tokens; the "
+                             f"model takes at most {limit} (prompt and reply)", "messages", "context_length_exceeded")
+
+
+def turn_text(p: Pending) -> str:
+    """What ``p`` adds to its conversation: a new one's whole prompt, else the delta after its last reply."""
+    return prompt_text(p.new, p.tools) if p.fresh else continuation_text(p.thread.ended_clean, p.new)
+
+
+def encode_turn(tok, p: Pending, n0: int, limit: int | None, bound=None) -> list[int] | RequestError:
+    """``p``'s new token ids, or its 400 when its conversation (``n0`` tokens so far) would not fit ``limit`` with
+    one more token: refused by its length alone when :func:`min_tokens` already reaches the limit, so a huge
+    message is never tokenised."""
+    text = turn_text(p)
+    if limit:
+        floor = n0 + min_tokens(text, bound, limit - n0)
+        if floor >= limit:
+            return too_long(floor, limit, at_least=True)
+    ids = tok.encode(text, add_special_tokens=False)
+    if limit and n0 + len(ids) >= limit:
+        return too_long(n0 + len(ids), limit)
+    return ids
+
+
 def generate(engine, batch: list[Pending], sampling: SamplingParams, parser: str, next_cid,
              tokenizer=None) -> list[Turn | RequestError]:
     """One engine batch for ``batch`` (a new conversation opens here, on the serving thread); a request whose
-    conversation would not fit the engine's context with one more token is answered with its 400 instead."""
+    conversation would not fit the engine's context with one more token is answered with its 400 instead. A
+    request is tokenised here only if it was not when submitted (no tokenizer was known then)."""
     tok = tokenizer if tokenizer is not None else engine.tokenizer
     im_end = tok.convert_tokens_to_ids(IM_END)
     limit = getattr(engine, "max_context", None)
     convs, new_ids, before, keep, out = [], [], [], [], [None] * len(batch)
     for k, p in enumerate(batch):
         t = p.thread
-        text = prompt_text(p.new, p.tools) if p.fresh else continuation_text(t.ended_clean, p.new)
-        ids = tok.encode(text, add_special_tokens=False)
+        ids = p.ids if p.ids is not None else tok.encode(turn_text(p), add_special_tokens=False)
         n0 = 0 if p.fresh else len(t.conv.ids)
         if limit and n0 + len(ids) >= limit:
-            out[k] = RequestError(400, f"messages: this conversation is {n0 + len(ids)} tokens; the model takes at "
-                                       f"most {limit} (prompt and reply)", "messages", "context_length_exceeded")
+            out[k] = too_long(n0 + len(ids), limit)
             continue
         if p.fresh:
             t.conv = engine.new_conversation(next_cid(), t.seed, join=True)

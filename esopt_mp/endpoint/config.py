@@ -5,6 +5,7 @@ Not part of the config hash: where and how fast a member is served never changes
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import re
@@ -24,6 +25,10 @@ class EndpointConfig:
     api_key_env: str = ""  # name of the environment variable holding the bearer key ("": no key)
     batch_window_s: float = 1.0  # longest wait for the other live episodes' requests before a batch is generated
     tool_parser: str = "hermes"  # how tool calls are read from a reply
+    allow_unauthenticated: bool = False  # serve a non-loopback host without a key (whoever reaches it runs the member)
+    max_body_bytes: int = 4 * 1024 * 1024  # a larger request body is refused (413) before it is read in full
+    max_connections: int = 256  # open connections; more are refused at once (each holds a file descriptor)
+    request_timeout_s: float = 30.0  # a connection must send a whole request within this long, else it is closed
 
     def validate(self, key: str = "endpoint") -> None:
         check(bool(self.host.strip()), f"{key}.host", "must name an address to bind, e.g. 127.0.0.1")
@@ -34,6 +39,15 @@ class EndpointConfig:
               f"must be a finite number >= 0, got {self.batch_window_s}")
         check(self.tool_parser in PARSERS, f"{key}.tool_parser",
               f"unknown tool-call parser {self.tool_parser!r}; known: {', '.join(sorted(PARSERS))}")
+        check(bool(self.api_key_env) or self.allow_unauthenticated or loopback(self.host), f"{key}.host",
+              f"{self.host} is not a loopback address (other machines may reach it): set {key}.api_key_env "
+              f"(a bearer key), or {key}.allow_unauthenticated=true to serve it without one")
+        for name in ("max_body_bytes", "max_connections"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{key}.{name}",
+                  f"must be an integer >= 1, got {v!r}")
+        check(math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0, f"{key}.request_timeout_s",
+              f"must be a finite number > 0, got {self.request_timeout_s}")
 
     def api_key(self) -> str:
         """The bearer key requests must send ('' for none), read from ``api_key_env`` now."""
@@ -44,3 +58,14 @@ class EndpointConfig:
             raise EndpointError(f"endpoint.api_key_env={self.api_key_env}: the environment variable "
                                 f"{self.api_key_env} is unset or empty; set it to the key, or endpoint.api_key_env=''")
         return key
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine (localhost, 127.0.0.0/8, ::1)."""
+    h = host.strip().strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False

@@ -31,6 +31,11 @@ def not_served(model: str, why: str) -> RequestError:
     return RequestError(404, f"model {model!r} is not being served ({why})", "model", "model_not_found")
 
 
+def too_large(cap: int) -> RequestError:
+    return RequestError(413, f"the request body is over {cap} bytes (endpoint.max_body_bytes)",
+                        code="request_too_large")
+
+
 def _bad(param: str, message: str) -> RequestError:
     return RequestError(400, f"{param}: {message}", param)
 

@@ -4,21 +4,24 @@ Requests are answered only while their member is being served: :meth:`EndpointSe
 one model id and closing it (its weights are about to be restored) refuses every waiting and later request with
 an OpenAI ``model_not_found`` error; no request is ever answered by other weights. The gate check and the enqueue
 happen under the member's lock, which closing takes too. Generation runs on the thread that calls
-:meth:`Member.serve` (the TP leader's, inside ``TPEngine.lead``).
+:meth:`Member.serve` (the TP leader's, inside ``TPEngine.lead``); a request is tokenised before it is queued, on a
+worker thread, so a long one never holds up the member's other episodes.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import hmac
+import resource
 import secrets
 import socket
 import threading
 import time
 
-from esopt_mp.endpoint.batcher import Batcher, Pending, generate
+from esopt_mp.endpoint.batcher import Batcher, Pending, encode_turn, generate, token_bound
 from esopt_mp.endpoint.config import EndpointConfig, EndpointError
 from esopt_mp.endpoint.protocol import (ENDED, RequestError, completion, models_list, not_served, parse_request,
                                         reply_message, request_cap, sse_chunks, usage)
@@ -53,10 +56,12 @@ class Member:
         self.cond = threading.Condition()
         self.batcher = Batcher(self.cond, server.cfg.batch_window_s, len(seeds))
         self.closed = False
+        self.limit: int | None = None  # the engine's context, once serve() has it (a request is checked against it)
         self._cid = 0
 
     def submit(self, route: Route, req: dict, session: str | None, deliver) -> None:
-        """Enqueue a chat request (or refuse it: the gate is closed)."""
+        """Enqueue a chat request (or refuse it: the gate is closed, it cannot fit the context); on a worker thread,
+        which tokenises it."""
         tools = req.get("tools") or None
         with self.cond:
             if self.closed:
@@ -79,7 +84,20 @@ class Member:
 
             p = Pending(route.index, thread, req["messages"], new, fresh, tools, parse, request_cap(req),
                         time.perf_counter(), done)
-            self.batcher.put(p)
+            n0 = 0 if fresh else len(thread.conv.ids)
+        tok = self.server.tokenizer
+        try:
+            ids = None if tok is None else encode_turn(tok, p, n0, self.limit, self.server.token_bound)
+        except Exception as e:  # noqa: BLE001 - the request's error, not the member's
+            ids = RequestError(500, f"tokenising the request failed: {type(e).__name__}: {e}", kind="server_error")
+        with self.cond:
+            if isinstance(ids, RequestError):
+                p.deliver(ids)
+            elif self.closed:
+                p.deliver(not_served(self.model_id, ENDED))
+            else:
+                p.ids = ids
+                self.batcher.put(p)
 
     def _next_cid(self) -> int:
         self._cid += 1
@@ -94,6 +112,7 @@ class Member:
         if until is None:
             raise TypeError("Member.serve needs until=: a callable saying when the member's episodes are done")
         engine = replicated(engine)
+        self.limit = getattr(engine, "max_context", None)
         while True:
             done, n = until(), (live() if live is not None else 0)
             with self.cond:
@@ -139,6 +158,8 @@ class EndpointServer:
         if self.port > 65535:
             raise EndpointError(f"endpoint.port={cfg.port}: port + dp rank {dp_rank} exceeds 65535")
         self.url = ""
+        self.token_bound = token_bound(tokenizer) if tokenizer is not None else None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._member: Member | None = None
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()  # token or id -> model id
@@ -150,8 +171,14 @@ class EndpointServer:
             import uvicorn
 
             from esopt_mp.endpoint.app import build_app
+            from esopt_mp.endpoint.guard import Guard, GuardedServer, protocol
         except ImportError:
             raise EndpointError(_MISSING) from None
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if files != resource.RLIM_INFINITY and self.cfg.max_connections > files // 2:
+            raise EndpointError(f"endpoint.max_connections={self.cfg.max_connections}: this process may open only "
+                                f"{files} files (ulimit -n), which its connections share with the run's own; "
+                                f"keep it at most {files // 2}, or raise the limit")
         host = self.cfg.host
         family = socket.getaddrinfo(host, self.port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -167,9 +194,11 @@ class EndpointServer:
         sock.listen(128)
         port = sock.getsockname()[1]
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        guard = Guard(self.cfg.max_connections, self.cfg.request_timeout_s, self.url)
         config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2)
-        self._uv = uvicorn.Server(config)
+                                timeout_graceful_shutdown=2, http=protocol(guard), backlog=128)
+        self._uv = GuardedServer(config, guard)
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"endpoint-{port}-encode")
         self._thread = threading.Thread(target=self._uv.run, kwargs={"sockets": [sock]}, daemon=True,
                                         name=f"endpoint-{port}")
         self._thread.start()
@@ -188,6 +217,9 @@ class EndpointServer:
             self._uv.should_exit = True
             self._thread.join(10)
             self._uv = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def __enter__(self):
         return self.start() if self._uv is None else self
@@ -251,8 +283,8 @@ class EndpointServer:
                                code="invalid_api_key")
 
     async def chat(self, token: str | None, body: bytes, headers) -> tuple[int, object, bool]:
-        """(status, body or SSE events, streamed) of one chat request (the app's handler calls this)."""
-        self.check_key(headers.get("authorization"))
+        """(status, body or SSE events, streamed) of one chat request (the app's handler calls this, once it has
+        checked the key and read the body within ``endpoint.max_body_bytes``)."""
         req = parse_request(body)
         m, route = self.resolve(token, req["model"])
         loop = asyncio.get_running_loop()
@@ -264,7 +296,7 @@ class EndpointServer:
             except RuntimeError:  # the server's loop is gone (closed): nobody waits for this reply
                 pass
 
-        m.submit(route, req, headers.get("x-session-id"), deliver)
+        await loop.run_in_executor(self._pool, m.submit, route, req, headers.get("x-session-id"), deliver)
         result = await fut
         if isinstance(result, RequestError):
             raise result

@@ -9,8 +9,12 @@ import threading
 import time
 import types
 
-import httpx
 import pytest
+
+try:
+    import httpx
+except ImportError:  # openai 3 brings httpx2, the same API under another name
+    import httpx2 as httpx
 from transformers import AutoTokenizer
 
 from esopt_mp.endpoint.config import EndpointConfig, EndpointError

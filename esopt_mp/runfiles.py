@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,22 @@ def check_no_links(run_dir: str) -> None:
 
 def open_run_file(path: str, mode: str = "a", encoding: str | None = None):
     """``open(path, mode)`` for a file in the run directory, refusing (:class:`RunFileError`) a symbolic link there
-    instead of writing, truncating or reading through it (``O_NOFOLLOW``)."""
-    try:
-        fd = os.open(path, _MODES[mode] | _NOFOLLOW, 0o666)
+    instead of writing, truncating or reading through it (``O_NOFOLLOW``), and anything but a regular file (a
+    FIFO would block the run for good)."""
+    try:  # non-blocking: a FIFO planted there must not hang the open
+        fd = os.open(path, _MODES[mode] | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), 0o666)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):  # EMLINK: FreeBSD's O_NOFOLLOW
             raise _refuse_link(path) from None
+        if e.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO nobody reads, a folder
+            raise RunFileError(f"{path} is not a regular file: a run writes its files itself; remove it (or use a "
+                               "new run.dir)") from None
         raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RunFileError(f"{path} is not a regular file: a run writes its files itself; remove it (or use a "
+                               "new run.dir)")
+        os.set_blocking(fd, True)
         return os.fdopen(fd, mode, encoding=None if "b" in mode else encoding or "utf-8")
     except BaseException:
         os.close(fd)

@@ -142,7 +142,8 @@ class EpisodePlayer(EpisodeTally):
         """One attempt at the episodes of ``tasks``, each in a fresh environment."""
         envs = []
         try:
-            envs += [self.make_env(self.cfg.max_turns) for _ in tasks]
+            for _ in tasks:  # one at a time: those built before a constructor raised are closed
+                envs.append(self.make_env(self.cfg.max_turns))
         except InfraError:  # the infrastructure's failure, not the environment's: the caller's to retry or count
             for env in envs:
                 getattr(env, "close", lambda: None)()

@@ -7,8 +7,8 @@ episode's run ended as (:class:`Outcome`), by the failure rules of every episode
 - a number (finite): the episode's return;
 - raised, exited non-zero, printed no number on its last stdout line, or returned a non-finite number: ``model``
   (scores ``objective.failure_return``; the error is kept);
-- ran past its wall clock: ``wall_clock`` (``failure_return``; a command's process group is killed, a callable's
-  thread is abandoned and its later requests meet the closed gate of the member's endpoint);
+- ran past its wall clock: ``wall_clock`` (``failure_return``; every process of a command is killed by its keeper,
+  a callable's thread is abandoned and its later requests meet the closed gate of the member's endpoint);
 - raised :class:`esopt_mp.envs.InfraError`, exited 75 (EX_TEMPFAIL), or never called the endpoint: ``infra``
   (NaN: left out of the member's mean).
 
@@ -160,7 +160,7 @@ def as_return(value, failure_return: float, what: str) -> Outcome:
 
 
 class Slot:
-    """An episode's run as its thread and the pool see it: ``on_cancel`` stops it (a command's process group)."""
+    """An episode's run as its thread and the pool see it: ``on_cancel`` stops it (a command's whole tree)."""
 
     def __init__(self):
         self.on_cancel: Callable[[], None] | None = None
@@ -190,7 +190,9 @@ def callable_job(fn: Callable, base_url: str, model: str, task, failure_return: 
 PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "PWD",
               "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
               "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
-              "https_proxy", "no_proxy", "OMP_NUM_THREADS")
+              "https_proxy", "no_proxy", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+              "ROCR_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE",
+              "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 PASSED_PREFIXES = ("LC_", "XDG_")
 # a launcher's rendezvous and rank variables: a harness using torch.distributed, accelerate or MPI would join the
 # trainer's world with them
@@ -218,7 +220,7 @@ def harness_env(base_url: str, model: str, api_key: str, passed=(), openai_env: 
     member = {"BASE_URL": base_url, "API_KEY": api_key or "none", "MODEL": model}
     env.update({f"ESOPT_{k}": v for k, v in member.items()})
     if openai_env == "user":
-        env.update({k: environ[k] for k in OPENAI_ENV if k in environ})
+        env.update({k: v for k, v in environ.items() if k.startswith("OPENAI_")})
     else:
         env.update({f"OPENAI_{k}": v for k, v in member.items()})
     return env
@@ -265,8 +267,9 @@ def command_job(argv: list[str], base_url: str, model: str, api_key: str, task, 
         except OSError:  # one that never reads its task: no error
             pass
         run.wait()
+        until = time.monotonic() + 5.0  # every writer is gone: at once (else what was read so far)
         for t in tails.values():
-            t.join(timeout=5.0)  # every writer is gone: at once (elsewhere than Linux, what was read so far)
+            t.join(timeout=max(0.0, until - time.monotonic()))
         out, err = tails["out"].text(), tails["err"].text().strip()[-_TAIL:]
         tail = f"; stderr: {err}" if err else ""
         if proc.returncode == EX_TEMPFAIL:
@@ -283,7 +286,8 @@ def command_job(argv: list[str], base_url: str, model: str, api_key: str, task, 
 
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
 _KEEP = 64 << 10  # bytes of each of a command's output streams held while it runs
-_STOP_S = 5.0  # how long a stopped command's keeper has to end its tree before its process group is killed
+_STOP_S = 15.0  # how long a stopped command's keeper has to end its tree (reaper._END_S: 10 s) before its
+# process group is killed
 
 
 class _Tail(threading.Thread):
@@ -342,7 +346,7 @@ class _Running:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL to the command's process group: whatever still runs in it after its keeper exited."""
+    """SIGKILL to the keeper's process group: the keeper itself if it has not ended its tree in time."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -354,7 +358,7 @@ class HarnessPool:
 
     :meth:`start` returns at once (a supervisor thread launches and times the runs) so the caller's thread can
     serve the endpoint meanwhile; :meth:`live` (runs under way) and :meth:`done` are what that serving loop asks.
-    An episode past its wall clock is ``wall_clock`` at once: its slot is cancelled (a command's process group
+    An episode past its wall clock is ``wall_clock`` at once: its slot is cancelled (a command's processes
     killed) and its thread abandoned; whatever it returns later is dropped.
     """
 

@@ -15,8 +15,10 @@ child subreaper (``PR_SET_CHILD_SUBREAPER``): an orphaned descendant is re-paren
 - it exits with the command's status (killed by a signal: by the same signal), 75 (EX_TEMPFAIL) if the command
   could not be started.
 
-Without ``prctl`` or ``/proc`` (not Linux) it still waits for the command and reaps its own children; the trainer
-then kills the keeper's process group, which holds every descendant that stayed in it.
+The command runs in a process group of its own (a ``kill 0`` of its own does not reach the keeper). Beyond the
+keeper: a process that changed its user (it may not be signalled), a harness that kills or stops the keeper
+itself, and work handed to a daemon outside the tree (``docker run -d``, ``systemd-run``). Without ``prctl`` or
+``/proc`` (not Linux) it waits for the command and reaps its own children only.
 """
 import ctypes
 import os
@@ -60,20 +62,24 @@ def children(pid: int) -> list[int]:
 
 def end_tree() -> None:
     """SIGKILL every descendant and reap each, until none is left: a killed process's children are re-parented
-    here (a subreaper), so each round reaches one generation further down."""
-    me, deadline = os.getpid(), time.monotonic() + _END_S
+    here (a subreaper), so each round reaches one generation further down. A descendant this process may not signal
+    (one that changed its user, ``sudo cmd &``) is left alone: waiting for it would hold the episode."""
+    me, deadline, spared = os.getpid(), time.monotonic() + _END_S, set()
     while True:
-        for pid in children(me):
+        left = [pid for pid in children(me) if pid not in spared]
+        for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            except PermissionError:
+                spared.add(pid)
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
         except ChildProcessError:  # no child left
             return
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (not left and children(me) and set(children(me)) <= spared):
             return
         time.sleep(0.005)
 
@@ -104,8 +110,10 @@ def main(argv: list[str]) -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != trainer:  # the trainer died before the death signal was asked for
         os._exit(EX_TEMPFAIL)
-    try:
-        child = os.posix_spawnp(cmd[0], cmd, os.environ)
+    try:  # in a process group of its own (its `kill 0` is not the keeper's), with the signals Python ignores
+        # (SIGPIPE, SIGXFSZ) back to their defaults: a pipeline such as `find | head` ends as in a shell
+        child = os.posix_spawnp(cmd[0], cmd, os.environ, setpgroup=0, setsigmask=(),
+                                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     except OSError as e:
         sys.stderr.write(f"could not start {cmd[0]}: {type(e).__name__}: {e}\n")
         os._exit(EX_TEMPFAIL)
@@ -118,4 +126,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    try:
+        main(sys.argv)
+    except Exception as e:  # noqa: BLE001 - the keeper's own failure is the infrastructure's, not the model's
+        sys.stderr.write(f"the harness's keeper failed: {type(e).__name__}: {e}\n")
+        os._exit(EX_TEMPFAIL)

@@ -246,3 +246,23 @@ def test_stderr_is_kept_on_one_escaped_line(tmp_path):
     assert out.failure == "model" and "\n" not in out.error and "\x1b" not in out.error and "\r" not in out.error
     assert out.error == ("exited 1; stderr: oops\\n2026-12-03 INFO esopt_mp.trainer: step 9 | return 1.000"
                          "\\x1b[2K\\u202e")
+
+
+def test_a_command_starts_as_from_a_shell_its_own_group_and_default_signals(tmp_path):
+    """A shell harness as a shell starts it: SIGPIPE at its default (`yes | head -n 1` ends quietly; ignored, `yes`
+    would complain of a broken pipe, and some writers loop for ever) and a process group of its own, so one that
+    signals its whole group (`kill 0`) to clean up, itself ignoring the signal, keeps its return."""
+    script = tmp_path / "shell_like.sh"
+    script.write_text(textwrap.dedent("""\
+        cat > /dev/null
+        err=$( { yes | head -n 1 > /dev/null; } 2>&1 )
+        [ -z "$err" ] || { echo "pipe: $err" >&2; exit 3; }
+        pgrp=$(cut -d' ' -f5 /proc/$$/stat)
+        [ "$pgrp" = "$$" ] || { echo "group $pgrp, not its own" >&2; exit 4; }
+        sleep 300 &
+        trap '' TERM
+        kill -TERM 0
+        echo 0.5
+    """))
+    out = _play(["sh", str(script)])
+    assert (out.ret, out.failure, out.error) == (0.5, None, None)

@@ -218,3 +218,17 @@ def test_an_export_replaces_a_link_at_its_folder(tmp_path):
     remove_path(str(run / "export"))
     os.replace(tmp, run / "export")
     assert os.listdir(elsewhere) == ["keep"] and os.listdir(run / "export") == ["config.json"]
+
+
+def test_a_fifo_or_folder_where_a_run_file_goes_is_refused_not_waited_on(tmp_path):
+    from esopt_mp.runfiles import RunFileError, open_run_file, repair_jsonl
+
+    fifo, folder = tmp_path / "metrics.jsonl", tmp_path / "history.jsonl"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    for path in (fifo, folder):
+        for mode in ("rb", "a"):
+            with pytest.raises(RunFileError, match="is not a regular file"):
+                open_run_file(str(path), mode)
+    with pytest.raises(RunFileError, match="is not a regular file"):
+        repair_jsonl(str(fifo))

@@ -181,6 +181,10 @@ class TrainConfig:
         if self.prompt.optimiser != "none":
             check(self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
               "context optimisers run beside ES (algo=es) with engine=hf for now")
+        if self.objective.name == "harness":  # each running episode holds a connection while its batch generates
+            check(self.objective.concurrency <= self.endpoint.max_connections, "objective.concurrency",
+                  f"{self.objective.concurrency} episodes at once would hold more connections than "
+                  f"endpoint.max_connections={self.endpoint.max_connections} lets in; lower it or raise that")
         if self.algo.name != "es":
             a = self.algo
             check(self.objective.name != "harness", "objective.name",

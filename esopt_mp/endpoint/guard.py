@@ -34,6 +34,7 @@ def _busy_response(max_connections: int) -> bytes:
                                             "(endpoint.max_connections); retry later", "type": "server_error",
                                  "param": None, "code": "too_many_connections"}}).encode()
     return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"retry-after: 1\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 

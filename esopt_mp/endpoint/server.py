@@ -5,7 +5,8 @@ one model id and closing it (its weights are about to be restored) refuses every
 an OpenAI ``model_not_found`` error; no request is ever answered by other weights. The gate check and the enqueue
 happen under the member's lock, which closing takes too. Generation runs on the thread that calls
 :meth:`Member.serve` (the TP leader's, inside ``TPEngine.lead``); a request is tokenised before it is queued, on a
-worker thread, so a long one never holds up the member's other episodes.
+worker thread: short ones on a few threads, long ones (over :data:`LONG_BYTES`) one at a time on another, so a
+long one never holds up the member's other episodes (only other long ones).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.engine.tp import replicated
 
 _MISSING = "the endpoint needs FastAPI and uvicorn: pip install 'esopt_mp[endpoint]'"
+ENCODERS = 4  # threads tokenising requests of up to LONG_BYTES at once
+LONG_BYTES = 64 << 10  # a longer request body is tokenised on a thread of its own, one at a time
 
 
 class Route:
@@ -159,7 +162,7 @@ class EndpointServer:
             raise EndpointError(f"endpoint.port={cfg.port}: port + dp rank {dp_rank} exceeds 65535")
         self.url = ""
         self.token_bound = token_bound(tokenizer) if tokenizer is not None else None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pools: tuple[concurrent.futures.ThreadPoolExecutor, ...] = ()  # (short requests, long ones)
         self._lock = threading.Lock()
         self._member: Member | None = None
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()  # token or id -> model id
@@ -180,7 +183,11 @@ class EndpointServer:
                                 f"{files} files (ulimit -n), which its connections share with the run's own; "
                                 f"keep it at most {files // 2}, or raise the limit")
         host = self.cfg.host
-        family = socket.getaddrinfo(host, self.port, type=socket.SOCK_STREAM)[0][0]
+        try:
+            family = socket.getaddrinfo(host, self.port, type=socket.SOCK_STREAM)[0][0]
+        except socket.gaierror as e:
+            raise EndpointError(f"endpoint.host={host!r}: not an address this machine can bind ({e.strerror}); "
+                                "e.g. 127.0.0.1, ::1 or 0.0.0.0") from None
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -198,7 +205,8 @@ class EndpointServer:
         config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2, http=protocol(guard), backlog=128)
         self._uv = GuardedServer(config, guard)
-        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"endpoint-{port}-encode")
+        self._pools = (concurrent.futures.ThreadPoolExecutor(ENCODERS, thread_name_prefix=f"endpoint-{port}-encode"),
+                       concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"endpoint-{port}-encode-long"))
         self._thread = threading.Thread(target=self._uv.run, kwargs={"sockets": [sock]}, daemon=True,
                                         name=f"endpoint-{port}")
         self._thread.start()
@@ -217,9 +225,9 @@ class EndpointServer:
             self._uv.should_exit = True
             self._thread.join(10)
             self._uv = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for pool in self._pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pools = ()
 
     def __enter__(self):
         return self.start() if self._uv is None else self
@@ -296,7 +304,8 @@ class EndpointServer:
             except RuntimeError:  # the server's loop is gone (closed): nobody waits for this reply
                 pass
 
-        await loop.run_in_executor(self._pool, m.submit, route, req, headers.get("x-session-id"), deliver)
+        pool = self._pools[len(body) > LONG_BYTES]  # long requests one at a time, never ahead of short ones
+        await loop.run_in_executor(pool, m.submit, route, req, headers.get("x-session-id"), deliver)
         result = await fut
         if isinstance(result, RequestError):
             raise result

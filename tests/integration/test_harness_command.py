@@ -226,6 +226,8 @@ def test_a_command_gets_a_documented_environment_never_secrets_nor_the_launchers
                                   "objective.openai_env=user"),
     ({"env": ["A=1"]}, "objective.env: lists the names of the trainer's environment variables"),
     ({"openai_env": "judge"}, "objective.openai_env: must be 'member'"),
+    ({"concurrency": 300}, "objective.concurrency: 300 episodes at once would hold more connections than "
+                           "endpoint.max_connections=256"),
 ])
 def test_environment_settings_are_refused_in_one_line(over, line):
     with pytest.raises(ConfigError) as e:

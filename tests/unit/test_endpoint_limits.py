@@ -254,3 +254,67 @@ def test_max_connections_must_leave_the_run_its_file_descriptors(tok):
     with pytest.raises(EndpointError) as e:
         EndpointServer(EndpointConfig(max_connections=soft), tok).start()
     assert str(e.value).startswith(f"endpoint.max_connections={soft}: this process may open only {soft} files")
+
+
+class HoldingTokenizer(RecordingTokenizer):
+    """Holds ``encode`` of a text containing ``mark`` until ``release`` is set (``entered`` counts them)."""
+
+    def __init__(self, tok, mark: str):
+        super().__init__(tok)
+        self.mark, self.release, self.entered = mark, threading.Event(), threading.Semaphore(0)
+
+    def encode(self, text, **kw):
+        if self.mark in text:
+            self.entered.release()
+            assert self.release.wait(60)
+        return super().encode(text, **kw)
+
+
+def test_long_requests_being_tokenised_never_hold_up_a_short_one(tok):
+    """Five long requests (over 64 KiB) held in tokenising: a short request of another episode is answered
+    meanwhile, and the long ones after."""
+    hold = HoldingTokenizer(tok, "LONG")
+    with EndpointServer(EndpointConfig(batch_window_s=0.05), hold) as s:
+        with serving(s, FakeEngine(tok), seeds=range(6)) as m:
+            done = []
+            long_text = [{"role": "user", "content": "LONG " + "word " * 20_000}]
+            threads = [threading.Thread(target=lambda k=k: done.append(chat(m.routes[k].base_url, "member-0-0",
+                                                                            long_text).status_code))
+                       for k in range(1, 6)]
+            for t in threads:
+                t.start()
+            assert hold.entered.acquire(timeout=60)  # the first long one is being tokenised, the others wait
+            r = chat(m.routes[0].base_url, "member-0-0", OK)
+            assert r.status_code == 200 and done == []
+            hold.release.set()
+            for t in threads:
+                t.join(60)
+            assert done == [200] * 5
+
+
+def test_a_request_tokenised_while_its_member_closes_is_refused_not_queued(tok):
+    """The gate: a request whose tokenising outlasts its member is refused (404, its evaluation ended), never
+    queued for whichever member is served next, and the client is answered (no hang)."""
+    hold = HoldingTokenizer(tok, "RACE")
+    eng = FakeEngine(tok)
+    got = []
+    with EndpointServer(EndpointConfig(batch_window_s=0.05), hold) as s:
+        with serving(s, eng) as m:
+            url = m.routes[0].base_url
+            t = threading.Thread(target=lambda: got.append(chat(url, "member-0-0", [{"role": "user",
+                                                                                      "content": "RACE"}])))
+            t.start()
+            assert hold.entered.acquire(timeout=60)
+        eng.version = 1
+        with serving(s, eng, model="member-0-1"):  # the next member: never answers the held request
+            hold.release.set()
+            t.join(60)
+            assert not t.is_alive()
+        (r,) = got
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert eng.batches == []  # nothing was generated for it, by either member
+
+
+def test_a_host_that_cannot_be_bound_is_one_line(tok):
+    with pytest.raises(EndpointError, match=r"^endpoint.host='127.0.0.1 ': not an address this machine can bind"):
+        EndpointServer(EndpointConfig(host="127.0.0.1 "), tok).start()

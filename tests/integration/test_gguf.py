@@ -69,12 +69,12 @@ def test_es_trains_the_real_model_and_its_export_loads_in_plain_transformers(cac
     run = tmp_path / "run"
     env = dict(os.environ, ESOPT_MODEL_CACHE=cache, OMP_NUM_THREADS="1", ESOPT_THREADS="1", PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable, "launch/train.py", "objective=target_logprob", f"model.path={NAME}",
-                        "es.population=2", "es.steps=2", "objective.batch=2", "objective.prompt_len=4",
+                        "es.population=2", "es.steps=1", "objective.batch=2", "objective.prompt_len=4",
                         "objective.target_len=4", "run.eval_every=0", "run.export=true", f"run.dir={run}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1] and any(any(w != 0 for w in r["weights"]) for r in rows)
+    assert [r["step"] for r in rows] == [0] and any(w != 0 for w in rows[0]["weights"])
     exported = AutoModelForCausalLM.from_pretrained(str(run / "export"), dtype=torch.float32)
     from esopt_mp.models.gguf import converted_dir
 

@@ -22,7 +22,7 @@ MAIN_KEYS = (
     ("run.export", "write run.dir/export, a Hugging Face model directory"),
     ("run.loggers", "trackers beside metrics.jsonl: tensorboard, wandb, mlflow"),
     ("run.dry_run", "check everything a start checks, then exit"),
-    ("model.path", "a local HF model directory, builtin:NAME, or null (tiny)"),
+    ("model.path", "HF model dir, FILE.gguf, pypi:NAME, builtin:NAME, null (tiny)"),
     ("model.dtype", "float32 | bfloat16 | float16"),
     ("es.population", "G, perturbed members per step (even when mirrored)"),
     ("es.steps", "ES steps of the run"),

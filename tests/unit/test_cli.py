@@ -51,7 +51,7 @@ def test_a_plus_on_a_key_the_config_has_sets_it():
 
 def test_an_empty_model_path_is_refused_not_the_tiny_model():
     with pytest.raises(ConfigError, match=r"^model.path: is empty \(an unset variable\?\): a model directory, "
-                                          r"builtin:NAME, or null for the tiny model$"):
+                                          r"a \.gguf file, pypi:NAME, builtin:NAME, or null for the tiny model$"):
         build_config(compose_config("+experiment=sudoku_4b", "model.path="), 1)
     assert build_config(compose_config("model.path=null"), 1).model.path is None
 

@@ -144,13 +144,11 @@ class EpisodePlayer(EpisodeTally):
         try:
             for _ in tasks:  # one at a time: those built before a constructor raised are closed
                 envs.append(self.make_env(self.cfg.max_turns))
-        except InfraError:  # the infrastructure's failure, not the environment's: the caller's to retry or count
-            for env in envs:
-                getattr(env, "close", lambda: None)()
-            raise
         except Exception as e:  # noqa: BLE001 - an environment that cannot be built cannot be played: one line
             for env in envs:
                 getattr(env, "close", lambda: None)()
+            if isinstance(e, InfraError):  # the infrastructure's failure: the caller's to retry or count
+                raise
             raise StartupError(f"env.name={self.cfg.name}: building its environment raised "
                                f"{type(e).__name__}: {e}") from e
         # an environment may cap the episodes played at once (one browser each, say)

@@ -146,6 +146,8 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     d.pop("endpoint")  # where and how fast a member is served, never what it answers
     for k in ("chunk_elems", "noise_backend"):
         d["es"].pop(k)
+    if d["es"].get("decay_to") == "zero":  # the default: runs from before es.decay_to keep their hash
+        d["es"].pop("decay_to")
     eng = d["engine"]  # the engine's rollout settings; not where the weights live nor how fast it serves
     for k in ("weight_sync", "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "max_model_len"):
         eng.pop(k)

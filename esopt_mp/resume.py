@@ -101,7 +101,8 @@ def replay_(perturber, entries: list[dict], exact_restore: bool | None = None) -
                 perturber.perturb(seed, sigma, sign)
                 perturber.restore()
         if e["alpha"] > 0.0:
-            perturber.update(e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0))
+            perturber.update(e["seeds"], e["signs"], e["weights"], e["alpha"], e.get("weight_decay", 0.0),
+                             **({"decay_to": e["decay_to"]} if "decay_to" in e else {}))  # es.decay_to=start
 
 
 def restore_run_(run_dir: str, perturber, dims, entries: list[dict], use_checkpoint: bool = True,

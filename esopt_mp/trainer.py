@@ -114,7 +114,8 @@ class ESTrainer:
             self.model = load_model(path, dims, cfg.model.dtype)
             self.perturber = Perturber(build_shards(self.model, es.include, es.exclude), restore=es.restore,
                                        master=es.master, chunk_elems=es.chunk_elems, noise_backend=es.noise_backend,
-                                       work_passes=noise_passes(es, dims.dp), cache_warm=_cache_warm(dims))
+                                       work_passes=noise_passes(es, dims.dp), cache_warm=_cache_warm(dims),
+                                       decay_to=es.decay_to)  # theta0: the base weights, before any resume
             self._build_rest(cfg, dims, path, None)
 
     def _build_rest(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
@@ -291,7 +292,8 @@ class ESTrainer:
         if alpha > 0.0:
             if self._host_weights:  # the rollouts' freed heap back to the system before the update's fp32 chunk
                 malloc_trim()
-            self.perturber.update(seeds, signs, weights, alpha, es.weight_decay)
+            self.perturber.update(seeds, signs, weights, alpha, es.weight_decay,  # the default's call unchanged
+                                  **({"decay_to": es.decay_to} if es.decay_to != "zero" else {}))
         update_s = _since(t1)
         if self.cfg.parallel.checksum_every and (t + 1) % self.cfg.parallel.checksum_every == 0:
             check_replicas([(s.info.name, s.tensor) for s in self.shards], dims)
@@ -302,6 +304,8 @@ class ESTrainer:
             "weights": [float(w) for w in weights], "sigma": sigma, "alpha": alpha, "weight_decay": es.weight_decay,
             "wall_time": time.time(),
         }
+        if es.decay_to != "zero":  # the default's records stay as they were
+            record["decay_to"] = es.decay_to
         if failures is not None:  # failed episodes by kind: the model's (scored as losses) and the infrastructure's
             record["failures"] = failures
             record["retries"] = retries  # played again: episodes after an infrastructure failure, members all failed

@@ -223,9 +223,9 @@ class VLLMWeights:
     def restore(self) -> None:
         self._rpc("esopt_restore")
 
-    def update(self, seeds, signs, weights, alpha, weight_decay=0.0) -> None:
+    def update(self, seeds, signs, weights, alpha, weight_decay=0.0, decay_to=None) -> None:
         self._rpc("esopt_update", [int(s) for s in seeds], [int(s) for s in signs], [float(w) for w in weights],
-                  float(alpha), float(weight_decay))
+                  float(alpha), float(weight_decay), decay_to)
 
     def flush(self) -> None:
         """Before a generation: vLLM sees the current weights (a full reload in reload mode, else nothing)."""

@@ -228,8 +228,20 @@ class ESWorkerExtension:
         self._esopt_perturber.restore()
         self._esopt_changed()
 
-    def esopt_update(self, seeds, signs, weights, alpha: float, weight_decay: float) -> None:
-        self._esopt_perturber.update(seeds, signs, weights, alpha, weight_decay)
+    def esopt_update(self, seeds, signs, weights, alpha: float, weight_decay: float, decay_to: str = "zero") -> None:
+        p = self._esopt_perturber
+        if decay_to == "start" and not p.has_start:
+            # theta0 read from the served model's files (the base model the run's identity names), not from the
+            # live tensors, which a resume may have loaded a checkpoint into: one transient host copy of the
+            # perturbed runtime tensors, then 1x the local shard kept (Perturber.set_start_)
+            st, cfg = self._esopt, self.vllm_config.model_config
+            names = {pc.param for pc in st["chosen"]}
+            start = runtime_from_checkpoint(cfg.model, checkpoint_index(cfg.model), st["chosen"],
+                                            {n: tuple(st["tensors"][n].shape) for n in names},
+                                            {n: cfg.dtype for n in names})
+            p.set_start_([s.tensor for s in local_shards(st["chosen"], start)])
+            del start
+        p.update(seeds, signs, weights, alpha, weight_decay, decay_to)
         self._esopt_changed()
 
     def esopt_flush(self) -> bool:

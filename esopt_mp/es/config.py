@@ -15,9 +15,10 @@ RESTORE_MODES = ("subtract", "snapshot")  # subtract: theta - sigma*eps (no copy
 MASTER_MODES = ("none", "fp32_host")  # fp32_host: an fp32 master copy of low-precision weights on the host
 NOISE_BACKENDS = ("auto", "eager", "compile", "triton")  # esopt_mp/es/backend.py
 SHAPINGS = ("zscore", "centered_rank", "raw")  # esopt_mp/es/shaping.py
+DECAY_TARGETS = ("zero", "start")  # what es.weight_decay pulls the weights toward: 0, or the run's starting weights
 MIN_CHUNK_ELEMS = 1024
 
-__all__ = ["ESConfig", "MASTER_MODES", "NOISE_BACKENDS", "RESTORE_MODES", "SCHEDULE_KINDS", "SHAPINGS",
+__all__ = ["DECAY_TARGETS", "ESConfig", "MASTER_MODES", "NOISE_BACKENDS", "RESTORE_MODES", "SCHEDULE_KINDS", "SHAPINGS",
            "ScheduleConfig"]
 
 
@@ -45,6 +46,7 @@ class ESConfig:
     chunk_elems: int = 1 << 24
     noise_backend: str = "auto"  # esopt_mp/es/backend.py: triton on CUDA, compile for large CPU shards
     weight_decay: float = 0.0
+    decay_to: str = "zero"  # zero: theta <- (1 - alpha*wd) theta + step; start: theta - alpha*wd (theta - theta0) + step
     include: list[str] = dataclasses.field(default_factory=lambda: ["*"])
     exclude: list[str] = dataclasses.field(default_factory=list)
 
@@ -65,3 +67,4 @@ class ESConfig:
         check_choice(self.noise_backend, NOISE_BACKENDS, f"{key}.noise_backend")
         check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"{key}.weight_decay",
               f"must be finite and >= 0, got {self.weight_decay}")
+        check_choice(self.decay_to, DECAY_TARGETS, f"{key}.decay_to")

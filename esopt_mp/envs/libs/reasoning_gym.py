@@ -6,6 +6,10 @@ weighted composite. Tasks come from the library's own seeded generator; the mode
 system prompt asks (``<answer>...</answer>``), the answer is read the library's way (``utils.extract_answer``)
 and the reward is the dataset's own ``score_answer`` (a float in [0, 1]).
 
+``answer_format`` says how the answer is read. ``tags`` (the default) is the library's own form. A small model rarely
+writes tags, so ``line`` asks for a final ``Answer: X`` line and reads the last such line, and ``lenient`` reads that
+line or, without one, the last number in the reply. The form alone earns nothing: the library scores what was read.
+
 ``attempts > 1`` makes it multi-turn: after an answer that does not score 1, the user message gives its score
 and asks again, until an answer scores 1 or the attempts are used up. Each step's reward is that attempt's
 score and the episode's return is the last step's: the score of the final attempt, the answer the model settles
@@ -18,6 +22,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import threading
 from typing import Any
 
@@ -27,6 +32,11 @@ NAME = "reasoning_gym"
 STRIDE = 2 ** 20  # library seeds per (split, seed): entry i is drawn from Random(seed + i), see _library_seed
 _OWN = ("seed", "size")  # dataset settings the task source sets itself
 _SHOWN = 200  # characters of an answer kept in the step's info
+FORMATS = ("tags", "line", "lenient")  # how the answer is read; see read_answer
+LINE_PROMPT = ("Answer the question. You may reason first. End your reply with one final line of the form\n"
+               "Answer: <your answer>\nwith nothing after it.")
+_LINE = re.compile(r"^[ \t>*_#`-]*answer[ \t]*[*_]*[ \t]*[:=](.*)$", re.IGNORECASE | re.MULTILINE)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def _library():
@@ -77,12 +87,22 @@ class ReasoningGymConfig:
     weights: dict[str, float] = dataclasses.field(default_factory=dict)  # composite: dataset name -> weight
     attempts: int = 1  # answers per task; after a wrong one the model is told its score and asked again
     system_prompt: str = "default"  # one of the library's SYSTEM_PROMPTS, or a prompt naming <answer>...</answer>
+    # (with answer_format line/lenient: "default" is a prompt asking for a final "Answer: X" line, or your own)
+    answer_format: str = "tags"  # tags: the library's <answer>...</answer>; line: a final "Answer: X" line;
+    # lenient: that line, else the reply's last number
 
     def validate(self, key: str = f"env.{NAME}") -> None:
         if self.attempts < 1:
             raise ValueError(f"{key}.attempts: must be >= 1, got {self.attempts}")
+        if self.answer_format not in FORMATS:
+            raise ValueError(f"{key}.answer_format: one of {', '.join(FORMATS)}, got {self.answer_format!r}")
         prompts = _library()[1].SYSTEM_PROMPTS
-        if self.system_prompt not in prompts and "<answer>" not in self.system_prompt:
+        if self.answer_format != "tags":
+            if self.system_prompt != "default" and "answer:" not in self.system_prompt.lower():
+                raise ValueError(f"{key}.system_prompt: with answer_format={self.answer_format} use \"default\" or a "
+                                 "prompt that asks for a final \"Answer: ...\" line (the library's prompts ask for "
+                                 "<answer> tags)")
+        elif self.system_prompt not in prompts and "<answer>" not in self.system_prompt:
             raise ValueError(f"{key}.system_prompt: one of {', '.join(prompts)}, or a prompt that asks for the "
                              "answer as <answer>...</answer> (what the library scores)")
         if not isinstance(self.config, dict) or not isinstance(self.weights, dict):
@@ -194,6 +214,31 @@ def last_answer_span(text: str) -> tuple[int, int] | None:
     return span
 
 
+def read_answer(text: str, answer_format: str = "tags") -> str | None:
+    """The answer in a reply, read as ``answer_format`` says (None: the reply holds none).
+
+    ``tags``: the library's ``extract_answer`` on the last ``<answer>...</answer>``. ``line``: what follows the
+    last ``Answer:`` line's colon (markdown emphasis and a closing full stop dropped). ``lenient``: that line,
+    else the last number anywhere in the reply (thousands separators dropped)."""
+    if answer_format == "tags":
+        span = last_answer_span(text)
+        return _library()[1].extract_answer(text[span[0]:span[1]]) if span else None
+    found = None
+    for m in _LINE.finditer(text):
+        found = m.group(1)
+    if found is not None:
+        found = found.strip().strip("*_`").strip()
+        if found.endswith(".") and not found.endswith(".."):
+            found = found[:-1].rstrip()
+        if found:
+            return found
+    if answer_format == "lenient":
+        numbers = _NUMBER.findall(text)
+        if numbers:
+            return numbers[-1].replace(",", "").rstrip(".")
+    return None
+
+
 class ReasoningGymEnv:
     """One episode: a task of the library's, answered in up to ``attempts`` turns, scored by the library."""
 
@@ -208,12 +253,16 @@ class ReasoningGymEnv:
     failure_return = 0.0
 
     def __init__(self, *, max_turns: int = 8, dataset: str = "leg_counting", config: dict | None = None,
-                 weights: dict | None = None, attempts: int = 1, system_prompt: str = "default"):
-        self.section = ReasoningGymConfig(dataset, dict(config or {}), dict(weights or {}), attempts, system_prompt)
+                 weights: dict | None = None, attempts: int = 1, system_prompt: str = "default",
+                 answer_format: str = "tags"):
+        self.section = ReasoningGymConfig(dataset, dict(config or {}), dict(weights or {}), attempts, system_prompt,
+                                          answer_format)
         self.section.validate()
         self.max_turns = max_turns
-        prompts = _library()[1].SYSTEM_PROMPTS
-        self.system = prompts.get(system_prompt, system_prompt)
+        if answer_format != "tags":
+            self.system = LINE_PROMPT if system_prompt == "default" else system_prompt
+        else:
+            self.system = _library()[1].SYSTEM_PROMPTS.get(system_prompt, system_prompt)
         self.task = None
 
     @classmethod
@@ -265,13 +314,11 @@ class ReasoningGymEnv:
         return messages, {"id": task.get("id"), "dataset": task.get("dataset"), "rebuilt": self.rebuilt}
 
     def score(self, text: str) -> tuple[str | None, float, str | None]:
-        """(the answer read the library's way, the library's score of it, the scorer's error if it raised).
+        """(the answer read as ``answer_format`` says, the library's score of it, the scorer's error if it raised).
 
         A scorer that raises on what the model wrote, or returns no finite number, scores 0 (a wrong answer;
         a NaN return would drop the episode from its member's mean as if the infrastructure had failed)."""
-        text = clean_text(text)
-        span = last_answer_span(text)
-        answer = _library()[1].extract_answer(text[span[0]:span[1]]) if span else None
+        answer = read_answer(clean_text(text), self.section.answer_format)
         try:
             value = float(self.scorer.score_answer(answer, self.entry))
         except Exception as e:  # noqa: BLE001 - the library's scorer on model text: a wrong answer
@@ -291,12 +338,15 @@ class ReasoningGymEnv:
             info["score_error"] = error
         if done:
             return [], reward, True, False, info
-        said = ("No <answer>...</answer> found in your reply" if answer is None
+        tags = self.section.answer_format == "tags"
+        said = (("No <answer>...</answer> found in your reply" if tags else "No final \"Answer: ...\" line found in "
+                 "your reply") if answer is None
                 else f"Your answer scored {reward:.2f} out of 1, so it is not correct")
         if self.turn >= self.max_turns:  # the run's turn budget ends it before the attempts do: no "try again"
             feedback = f"{said}. Out of turns ({self.turn}/{self.max_turns}): the episode is over."
             return [{"role": "user", "content": feedback}], reward, False, True, info
         left = min(left, self.max_turns - self.turn)  # the attempts the turn budget leaves
+        form = "<answer>answer here</answer>" if tags else "a final line \"Answer: <your answer>\""
         feedback = (f"{said}. Try again ({left} attempt{'s' if left > 1 else ''} left): think it over and give only "
-                    "the final answer as <answer>answer here</answer>.")
+                    f"the final answer as {form}.")
         return [{"role": "user", "content": feedback}], reward, False, False, info

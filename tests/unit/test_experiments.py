@@ -191,3 +191,13 @@ def test_a_misspelt_key_of_a_section_is_refused_by_name_not_by_hydras_struct_err
     with pytest.raises(ConfigError, match=rf"^unknown config key '{key}' \(did you mean '{re.escape(known)}'\?\); "
                                           rf"known keys here: \[.*'{known.rsplit('.', 1)[1]}'"):
         build_config(compose_config(arg), 1)
+
+
+def test_the_real_model_profile_builds_and_scores_the_answer_line():
+    """smollm2_arith: SmolLM2 from its PyPI package on one-digit arithmetic read from an "Answer:" line."""
+    pytest.importorskip("reasoning_gym")
+    cfg = build_config(compose_config("+experiment=smollm2_arith"), 1)
+    assert cfg.model.path == "pypi:smollm2-135m-instruct" and cfg.env.name == "reasoning_gym"
+    section = cfg.env.sections["reasoning_gym"]
+    assert section.answer_format == "lenient" and section.config["max_digits"] == 1
+    assert (cfg.es.population, cfg.env.episodes_per_step, cfg.env.max_turns) == (8, 8, 1)

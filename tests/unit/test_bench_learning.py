@@ -1,0 +1,44 @@
+"""tools/bench_learning.py gives every method the same budget of played episodes and summarises what its runs did."""
+import json
+
+import pytest
+
+from tools import bench_learning as bl
+
+
+@pytest.mark.parametrize("episodes", [256, 512])
+def test_every_method_plays_the_same_number_of_training_episodes(episodes):
+    pytest.importorskip("reasoning_gym")
+    todo = bl.plan("arith", ["es", "grpo", "ppo"], episodes, [])
+    assert {m: t["episodes"] for m, t in todo.items()} == {"es": episodes, "grpo": episodes, "ppo": episodes}
+    for m, t in todo.items():
+        cfg = bl.compose(t["argv"])
+        steps = cfg["es"]["steps"] if m == "es" else cfg["algo"]["steps"]
+        assert steps == t["steps"] and steps * bl.per_step(m, t["argv"], cfg) == episodes
+        assert cfg["algo"]["name"] == m and cfg["model"]["path"] == bl.SMOLLM2
+        assert cfg["env"]["reasoning_gym"]["answer_format"] == "lenient"
+
+
+def test_overrides_after_the_task_s_win_and_change_the_budget_arithmetic():
+    pytest.importorskip("reasoning_gym")
+    todo = bl.plan("arith", ["es"], 512, ["es.population=16"])
+    assert todo["es"]["episodes_per_step"] == 16 * 8 and todo["es"]["steps"] == 4
+
+
+def _run(method, seed, before, after, curve_after):
+    return {"method": method, "seed": seed, "before": before, "after": after, "delta": after - before,
+            "episodes": 64, "train_seconds": 10.0, "peak_rss_bytes": 2 ** 30,
+            "curve": [[0, before], [32, (before + curve_after) / 2], [64, curve_after]],
+            "drift": {"offtask_nll_delta": 0.01, "update_norm": 2.0, "relative_update_norm": 0.001}}
+
+
+def test_the_table_reports_the_mean_the_smallest_gain_and_whether_every_seed_rose(tmp_path):
+    runs = [_run("es", 0, 0.2, 0.3, 0.3), _run("es", 1, 0.2, 0.25, 0.25), _run("grpo", 0, 0.2, 0.1, 0.1),
+            {"method": "ppo", "seed": 0, "failed": 1}]
+    t = bl.table(runs)
+    assert t["es"]["mean_delta"] == pytest.approx(0.075) and t["es"]["min_delta"] == pytest.approx(0.05)
+    assert t["es"]["every_seed_up"] and not t["grpo"]["every_seed_up"] and t["ppo"] == {"runs": 0}
+    assert t["es"]["mean_update_norm"] == 2.0
+    png = bl.plot([{"task": "arith", "model": bl.SMOLLM2, "runs": runs}], str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 10_000 and png.endswith("p.png")
+    json.dumps(t)  # the report is JSON

@@ -39,7 +39,8 @@ from esopt_mp.engine.sampling import check_caps
 log = logging.getLogger(__name__)
 
 # architectures whose vLLM runtime tensors are checked against the canonical mapping (tests/vllm)
-MAPPED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+MAPPED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+                        "LlamaForCausalLM")  # Llama: SmolLM2-135M (tests/vllm/test_vllm_real_model.py)
 WORKER_EXTENSION = "esopt_mp.engine.vllm_worker.ESWorkerExtension"
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm/v1/attention/backends/cpu_attn.py
 

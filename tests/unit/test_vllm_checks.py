@@ -18,8 +18,8 @@ def _vllm_imports() -> bool:
 
 
 def test_architecture_without_a_mapping_is_refused():
-    with pytest.raises(ValueError, match=r"architecture \['LlamaForCausalLM'\] has no checked canonical mapping"):
-        check_vllm_request({**QWEN3, "architectures": ["LlamaForCausalLM"]}, 1)
+    with pytest.raises(ValueError, match=r"architecture \['Gemma3ForCausalLM'\] has no checked canonical mapping"):
+        check_vllm_request({**QWEN3, "architectures": ["Gemma3ForCausalLM"]}, 1)
 
 
 def test_tp_that_does_not_divide_the_heads_is_refused():

@@ -92,11 +92,11 @@ def _hf_logprobs(model, k: int = 5) -> dict[int, float]:
     return dict(zip(top.indices.tolist(), top.values.tolist()))
 
 
-def _vllm_logprobs(engine, k: int = 5) -> dict[int, float]:
+def _vllm_logprobs(engine, k: int = 5, prompt: list[int] | None = None) -> dict[int, float]:
     from vllm import SamplingParams
 
     engine.weights.flush()
-    out = engine.llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0, logprobs=k),
+    out = engine.llm.generate([{"prompt_token_ids": PROMPT if prompt is None else prompt}], SamplingParams(max_tokens=1, temperature=0, logprobs=k),
                               use_tqdm=False)
     return {t: lp.logprob for t, lp in out[0].outputs[0].logprobs[0].items()}
 

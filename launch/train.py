@@ -17,9 +17,10 @@ import sys
 
 STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on SIGUSR1/SIGTERM after a checkpoint
 # Before torch loads OpenMP: threads waiting at a parallel region's end sleep instead of spinning. Spinning
-# threads take a shared core from whatever else runs there, and wait for each other while descheduled (SmolLM2
-# generate, 2 threads on 2 cores beside one busy process: 6x slower spinning, 1.3x sleeping); alone, sleeping
-# costs a few percent. A user's own OMP_WAIT_POLICY wins.
+# threads take a shared core from whatever else runs there and wait for each other while descheduled: an ES step
+# of SmolLM2-135M (2 threads, 2 cores) beside one busy process took 3.4x its time alone spinning, 0.95x sleeping
+# (tools/bench_threads.py). Alone, sleeping cost 1.32x: a user's own OMP_WAIT_POLICY (ACTIVE on a node of one's
+# own) wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -132,6 +132,13 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
 
     rows = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
     summary = rows[-1]["summary"]
+    measured = os.path.join(run_dir, "bench_run.json")  # the process's wall time and peak RSS, kept for read-backs
+    if wall_s is not None:
+        write_atomic_json(measured, {"wall_s": wall_s, "peak_rss_bytes": maxrss})
+    elif os.path.exists(measured):
+        with open(measured) as f:
+            kept = json.load(f)
+        wall_s, maxrss = kept["wall_s"], kept["peak_rss_bytes"]
     curve = [[int(r["eval_step"]) * n_per_step, float(r["eval"])] for r in rows if "eval" in r and "eval_step" in r]
     out = {"method": method, "seed": seed, "run_dir": os.path.relpath(run_dir, ROOT), "curve": curve,
            "before": summary["eval_before"], "after": summary["eval_after"],
@@ -170,6 +177,10 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
         from esopt_mp.models.gguf import converted_dir, is_gguf_source
 
         start_dir = converted_dir(spec["model"]) if is_gguf_source(spec["model"]) else spec["model"]
+    earlier = {}  # an earlier report's measurements of runs that finished before bench_run.json was kept
+    if os.path.exists(os.path.join(args.out, "report.json")):
+        with open(os.path.join(args.out, "report.json")) as f:
+            earlier = {(r["method"], r["seed"]): r for r in json.load(f).get("runs", []) if r.get("wall_s")}
     queue = [(m, s) for m in args.methods for s in args.seeds]  # a method's seeds first: its row fills first
     running: dict[int, tuple] = {}
     results = []
@@ -178,8 +189,13 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
             m, s = queue.pop(0)
             run_dir = os.path.join(args.out, f"{m}-seed{s}")
             if finished(run_dir) is not None:
-                results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], None, None, start_dir))
+                old = earlier.get((m, s), {})
+                results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], old.get("wall_s"),
+                                      old.get("peak_rss_bytes"), start_dir))
                 print(f"[bench_learning] {m} seed {s}: finished before, read back", file=sys.stderr)
+                continue
+            if args.report_only:
+                print(f"[bench_learning] {m} seed {s}: not run (--report-only)", file=sys.stderr)
                 continue
             proc = launch(run_dir, todo[m]["argv"], s, args.threads, args.evals, todo[m]["steps"])
             running[proc.pid] = (m, s, run_dir, time.perf_counter(), proc)
@@ -277,6 +293,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="runs at once")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per run (0: cores / jobs)")
     ap.add_argument("--out", help="the runs and the report (default: bench/learning-<task>)")
+    ap.add_argument("--report-only", action="store_true", help="report the finished runs; start none")
     ap.add_argument("--plot", nargs="+", metavar="REPORT", help="only plot these reports (one panel each)")
     ap.add_argument("--png", help="the plot's file (default: next to the report)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")

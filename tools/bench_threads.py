@@ -58,26 +58,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", nargs="+", default=["PASSIVE", "ACTIVE"])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="each case this many times, in ABBA order (a slow "
+                    "start or a drifting machine weighs on every case alike); a case's figure is its mean")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every case")
     args = ap.parse_args()
     import platform
 
     import torch
 
+    order = [(policy, busy) for policy in args.policies for busy in (False, True)]
     cases = []
-    for policy in args.policies:
-        for busy in (False, True):
+    for r in range(args.rounds):
+        for policy, busy in (order if r % 2 == 0 else order[::-1]):
             c = case(policy, busy, args.steps, args.overrides)
-            print(f"[bench_threads] {policy} busy={busy}: {c['step_s']:.1f} s/step", file=sys.stderr)
-            cases.append(c)
-    ratios = {}
-    for policy in args.policies:
-        alone, busy = (next(c for c in cases if c["policy"] == policy and c["busy"] == b) for b in (False, True))
-        ratios[policy] = busy["step_s"] / alone["step_s"]
+            print(f"[bench_threads] round {r + 1}: {policy} busy={busy}: {c['step_s']:.1f} s/step", file=sys.stderr)
+            cases.append({**c, "round": r + 1})
+    mean = {}
+    for policy, busy in order:
+        mine = [c["step_s"] for c in cases if (c["policy"], c["busy"]) == (policy, busy)]
+        mean[f"{policy}{'_busy' if busy else '_alone'}"] = sum(mine) / len(mine)
+    ratios = {policy: mean[f"{policy}_busy"] / mean[f"{policy}_alone"] for policy in args.policies}
     print(json.dumps({"command": " ".join([os.path.basename(sys.executable), *sys.argv]),
                       "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                                   "torch": torch.__version__},
-                      "cases": cases, "busy_over_alone": ratios}))
+                      "cases": cases, "step_s": mean, "busy_over_alone": ratios,
+                      "passive_over_active_alone": (mean["PASSIVE_alone"] / mean["ACTIVE_alone"]
+                                                    if {"PASSIVE", "ACTIVE"} <= set(args.policies) else None)}))
 
 
 if __name__ == "__main__":

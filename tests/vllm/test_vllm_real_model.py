@@ -89,7 +89,7 @@ def real_model_agreement(rank: int, world: int, model_dir: str, out: str) -> Non
     from esopt_mp.es import Perturber
     from esopt_mp.es.config import ESConfig
     from esopt_mp.models import build_shards, load_model
-    from tests.vllm.workers import _canonical, _compare, _dims
+    from tests.vllm.workers import _canonical, _compare, _dims, _lp_diff, _vllm_logprobs
 
     assert "LlamaForCausalLM" in V.MAPPED_ARCHITECTURES  # this test is the check that qualifies it
     res = {}

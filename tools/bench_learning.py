@@ -146,8 +146,8 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
            "episodes": summary["steps"] * n_per_step, "train_seconds": summary["seconds"],
            "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
            "peak_gpu_bytes": summary.get("peak_gpu_bytes")}
-    export = os.path.join(run_dir, "export")
-    if start_dir and os.path.isdir(export):
+    export = end_weights(run_dir, start_dir) if start_dir else None
+    if export is not None:
         cached = os.path.join(run_dir, "drift.json")
         try:
             if not os.path.exists(cached):
@@ -159,6 +159,24 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
         except Exception as e:  # noqa: BLE001 - a report without drift beats none; rerunning fills it in
             print(f"[bench_learning] {method} seed {seed}: no drift ({type(e).__name__}: {e})", file=sys.stderr)
     return out
+
+
+def end_weights(run_dir: str, start_dir: str):
+    """A run's final weights: its export (ES), else the start model with the baseline checkpoint's weights loaded
+    (GRPO and PPO runs write ``baseline/rank0.pt``, no export); None if neither is there."""
+    export = os.path.join(run_dir, "export")
+    if os.path.isdir(export):
+        return export
+    ckpt = os.path.join(run_dir, "baseline", "rank0.pt")
+    if not os.path.exists(ckpt):
+        return None
+    import torch
+
+    from esopt_mp.drift import load_fp32_model
+
+    model = load_fp32_model(start_dir)
+    model.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=False)["model"])
+    return model
 
 
 def write_atomic_json(path: str, data) -> None:

@@ -42,3 +42,10 @@ def test_the_table_reports_the_mean_the_smallest_gain_and_whether_every_seed_ros
     png = bl.plot([{"task": "arith", "model": bl.SMOLLM2, "runs": runs}], str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 10_000 and png.endswith("p.png")
     json.dumps(t)  # the report is JSON
+
+
+def test_a_run_s_final_weights_are_its_export_else_none_without_a_checkpoint(tmp_path):
+    (tmp_path / "es" / "export").mkdir(parents=True)
+    assert bl.end_weights(str(tmp_path / "es"), "unused") == str(tmp_path / "es" / "export")
+    (tmp_path / "grpo").mkdir()
+    assert bl.end_weights(str(tmp_path / "grpo"), "unused") is None

@@ -280,7 +280,7 @@ def plot(reports: list[dict], png: str) -> str:
             xs = [c[0] for c in curves[0][:n]]
             ys = [[c[i][1] for c in curves] for i in range(n)]
             ax.plot(xs, [sum(y) / len(y) for y in ys], "o-", color=COLOURS.get(m), label=f"{m.upper()} "
-                    f"(mean of {len(curves)} seeds)")
+                    f"({len(curves)} seed{'s, mean' if len(curves) > 1 else ''})")
             ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=COLOURS.get(m), alpha=0.15)
         ax.set_title(f"{rep['task']}: {rep.get('model') or 'tiny agent'}", fontsize=9)
         ax.set_xlabel("training episodes played")

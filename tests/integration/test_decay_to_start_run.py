@@ -12,9 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from esopt_mp.config import build_config
 from esopt_mp.models import full_state_dict
-from esopt_mp.parallel import LaunchEnv, init_distributed
+from tests.fixtures.inprocess import build_trainer, ledger_entries, same_weights, weights
 
 STEPS = 4
 # alpha 0.005 x wd 20: a pull of 10% of (theta - theta0) per step, far above the step itself
@@ -24,24 +23,7 @@ MODES = {"fp32_snapshot": [], "bf16_fp32_master": ["model.dtype=bfloat16", "es.m
 
 
 def _trainer(run_dir, extra):
-    from esopt_mp.trainer import ESTrainer
-    from tests.fixtures.configs import compose_config
-
-    cfg = build_config(compose_config(*ARGS, *extra, f"run.dir={run_dir}"), 1)
-    return ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
-
-
-def _ledger(run_dir):
-    with open(os.path.join(run_dir, "history.jsonl")) as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_time", "sha256")} for line in f]
-
-
-def _state(trainer):
-    return {k: v.clone() for k, v in full_state_dict(trainer.model).items()}
-
-
-def _equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return build_trainer(run_dir, *ARGS, *extra)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -56,14 +38,14 @@ def test_resume_from_a_mid_run_checkpoint_and_replay_equal_the_uninterrupted_run
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
     t = _trainer(ref_dir, extra)
     try:
-        base = _state(t)
+        base = weights(t)
         for step in range(STEPS):
             t.step(step)
-        want = _state(t)
+        want = weights(t)
     finally:
         t.close()
-    assert not _equal(want, base)
-    assert all(e["decay_to"] == "start" and e["weight_decay"] == 20.0 for e in _ledger(ref_dir))
+    assert not same_weights(want, base)
+    assert all(e["decay_to"] == "start" and e["weight_decay"] == 20.0 for e in ledger_entries(ref_dir))
 
     t = _trainer(cut_dir, extra)  # 3 steps, a checkpoint after step 2, then gone (as killed after step 3's entry)
     try:
@@ -82,11 +64,11 @@ def test_resume_from_a_mid_run_checkpoint_and_replay_equal_the_uninterrupted_run
         assert not all(torch.equal(s.tensor, base[s.info.name]) for s in p.shards)
         for step in range(t.start_step, STEPS):
             t.step(step)
-        got = _state(t)
+        got = weights(t)
     finally:
         t.close()
-    assert _ledger(cut_dir) == _ledger(ref_dir)  # returns included: they depend on the weights
-    assert _equal(got, want)
+    assert ledger_entries(cut_dir) == ledger_entries(ref_dir)  # returns included: they depend on the weights
+    assert same_weights(got, want)
 
     for use_checkpoint in (False, True):  # base + the whole ledger; the checkpoint + the ledger past it
         out = tmp_path / f"replayed_{use_checkpoint}"
@@ -100,8 +82,8 @@ def test_resume_from_a_mid_run_checkpoint_and_replay_equal_the_uninterrupted_run
     model = load_model(cfg["base_model"], ParallelDims(1, 1, 1), dtype)
     es = cfg["es"]
     zero = Perturber(build_shards(model, es["include"], es["exclude"]), restore=es["restore"], master=es["master"])
-    entries = _ledger(cut_dir)
+    entries = ledger_entries(cut_dir)
     with pytest.raises(RuntimeError, match="starting weights"):
         replay_(zero, entries[:1])
     replay_(zero, [{k: v for k, v in e.items() if k != "decay_to"} for e in entries])
-    assert not _equal(full_state_dict(model), want)
+    assert not same_weights(full_state_dict(model), want)

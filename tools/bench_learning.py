@@ -67,7 +67,7 @@ def method_overrides(spec: dict, method: str) -> list[str]:
     return spec["methods"][method]
 
 
-def per_step(method: str, overrides: list[str], cfg: dict) -> int:
+def per_step(method: str, cfg: dict) -> int:
     """Training episodes one step of ``method`` plays under the composed ``cfg``."""
     if algo_of(method) == "es":
         return int(cfg["es"]["population"]) * int(cfg["env"]["episodes_per_step"])
@@ -93,7 +93,7 @@ def plan(task: str, methods: list[str], episodes: int | None, extra: list[str]) 
         argv = spec["overrides"] + \
             method_overrides(spec, m) + ([] if algo_of(m) == "es" else [f"algo={m}"]) + list(extra)
         cfg = compose(argv)
-        n = per_step(m, argv, cfg)
+        n = per_step(m, cfg)
         budget = episodes or spec["episodes"] or n * int(cfg["es"]["steps"])
         steps = max(1, budget // n)
         if steps * n != budget:
@@ -187,7 +187,6 @@ def write_atomic_json(path: str, data) -> None:
 
 def run_all(args, todo: dict[str, dict]) -> list[dict]:
     """Every (method, seed), ``args.jobs`` at a time; finished ones are read back."""
-    from esopt_mp.startup import model_dir  # noqa: F401 - fails early, in one line, on a bad model.path
 
     spec = TASKS[args.task]
     start_dir = None

@@ -14,7 +14,7 @@ def test_every_method_plays_the_same_number_of_training_episodes(episodes):
     for m, t in todo.items():
         cfg = bl.compose(t["argv"])
         steps = cfg["es"]["steps"] if m == "es" else cfg["algo"]["steps"]
-        assert steps == t["steps"] and steps * bl.per_step(m, t["argv"], cfg) == episodes
+        assert steps == t["steps"] and steps * bl.per_step(m, cfg) == episodes
         assert cfg["algo"]["name"] == m and cfg["model"]["path"] == bl.SMOLLM2
         assert cfg["env"]["reasoning_gym"]["answer_format"] == "lenient"
 

@@ -187,7 +187,6 @@ def write_atomic_json(path: str, data) -> None:
 
 def run_all(args, todo: dict[str, dict]) -> list[dict]:
     """Every (method, seed), ``args.jobs`` at a time; finished ones are read back."""
-
     spec = TASKS[args.task]
     start_dir = None
     if spec["model"]:

@@ -54,6 +54,19 @@ TASKS = {
         "anchor": ["es.decay_to=start", "es.weight_decay=50"],  # es-anchored: es's settings plus these
     },
 }
+TASKS["guess"] = {
+    "about": "TextArena GuessTheNumber (1 to 20, bracketed guesses, 'higher'/'lower' after each, 5 turns), "
+             "multi-turn; success is a win (the game's return also gives a lost game partial credit for how near "
+             "its last guess was, which is what ES and the baselines train on), SmolLM2-135M-Instruct",
+    "model": SMOLLM2, "overrides": ["+experiment=smollm2_guess", *_REAL], "episodes": 512, "success": "full",
+    "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
+}
+TASKS["sudoku4"] = {
+    "about": "4x4 Sudoku with two blanks, each empty cell's candidates listed, one 'set <row> <col> <value>' a "
+             "turn, 4 turns, 1 for a solved board, SmolLM2-135M-Instruct",
+    "model": SMOLLM2, "overrides": ["+experiment=smollm2_sudoku4", *_REAL], "episodes": 512,
+    "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
+}
 METHODS = ("es", "grpo", "ppo", "es-anchored")  # es-anchored: ES with weight decay toward the starting weights
 
 
@@ -126,8 +139,23 @@ def launch(run_dir: str, argv: list[str], seed: int, threads: int, evals: int, s
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def curve_of(rows: list[dict], n_per_step: int, success: str = "mean") -> list[list]:
+    """[[training episodes, held-out success], ...] from a run's metrics rows. ``success``: ``mean`` (the mean
+    held-out return: the tasks that score 0 or 1) or ``full`` (the share of held-out episodes with full marks, a
+    win, where the game also scores partial credit; the eval's ``eval_detail`` row just before its result)."""
+    out, detail = [], None
+    for r in rows:
+        if "eval_detail" in r:
+            detail = r["eval_detail"]
+        elif "eval" in r and "eval_step" in r:
+            value = float(r["eval"]) if success == "mean" else float(detail[success])
+            out.append([int(r["eval_step"]) * n_per_step, value])
+            detail = None
+    return out
+
+
 def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float | None,
-           maxrss: int | None, start_dir: str | None) -> dict:
+           maxrss: int | None, start_dir: str | None, success: str = "mean") -> dict:
     from esopt_mp.runfiles import read_jsonl
 
     rows = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
@@ -139,10 +167,12 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
         with open(measured) as f:
             kept = json.load(f)
         wall_s, maxrss = kept["wall_s"], kept["peak_rss_bytes"]
-    curve = [[int(r["eval_step"]) * n_per_step, float(r["eval"])] for r in rows if "eval" in r and "eval_step" in r]
+    curve = curve_of(rows, n_per_step, success)
+    before, after = (summary["eval_before"], summary["eval_after"]) if success == "mean" else \
+        (curve[0][1], curve[-1][1])
     out = {"method": method, "seed": seed, "run_dir": os.path.relpath(run_dir, ROOT), "curve": curve,
-           "before": summary["eval_before"], "after": summary["eval_after"],
-           "delta": summary["eval_after"] - summary["eval_before"], "steps": summary["steps"],
+           "success": success, "before": before, "after": after, "delta": after - before,
+           "return_before": summary["eval_before"], "return_after": summary["eval_after"], "steps": summary["steps"],
            "episodes": summary["steps"] * n_per_step, "train_seconds": summary["seconds"],
            "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
            "peak_gpu_bytes": summary.get("peak_gpu_bytes")}
@@ -207,7 +237,7 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
             if finished(run_dir) is not None:
                 old = earlier.get((m, s), {})
                 results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], old.get("wall_s"),
-                                      old.get("peak_rss_bytes"), start_dir))
+                                      old.get("peak_rss_bytes"), start_dir, spec.get("success", "mean")))
                 print(f"[bench_learning] {m} seed {s}: finished before, read back", file=sys.stderr)
                 continue
             if args.report_only:
@@ -231,7 +261,8 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
             results.append({"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT),
                             "failed": proc.returncode})
             continue
-        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, usage.ru_maxrss * 1024, start_dir)
+        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, usage.ru_maxrss * 1024, start_dir,
+                   spec.get("success", "mean"))
         results.append(r)
         print(f"[bench_learning] {m} seed {s}: {r['before']:.3f} -> {r['after']:.3f} in {wall:.0f} s",
               file=sys.stderr)

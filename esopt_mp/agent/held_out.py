@@ -26,10 +26,11 @@ class HeldOut:
 
     def evaluate(self) -> tuple[float, dict]:
         """(Mean@k, details) on every rank; details: k, questions, Mean@k, Pass@k, the thresholded accuracy
-        (``above_half``), the failed episodes and those by kind.
+        (``above_half``), the share of episodes with full marks (``full``: return >= 1, a win or a solved board where
+        the environment also scores partial credit), the failed episodes and those by kind.
 
         Group g plays the episodes g, g + dp, ... of the question-major list. Two all-reduces: (sum, count, above
-        half, failures by kind) and, per question, the best return.
+        half, full marks, failures by kind) and, per question, the best return.
         """
         p, dims = self.player, self.player.dims
         r, k, n = self.round, p.cfg.eval_repeats, len(p.eval_tasks)
@@ -45,13 +46,15 @@ class HeldOut:
         for q, ret in rets:
             best[q] = max(best[q].item(), ret)
         stats = torch.tensor([sum(x for _, x in rets), len(rets), sum(x > 0.5 for _, x in rets),
+                              sum(x >= 1.0 for _, x in rets),
                               *(kinds[f] for f in FAILURE_KINDS)], dtype=torch.float64)
-        total, count, above, *kinds = dims.comm.all_reduce(stats, "sum", "world").tolist()
+        total, count, above, full, *kinds = dims.comm.all_reduce(stats, "sum", "world").tolist()
         best = dims.comm.all_reduce(best, "max", "world")
         played = best[best > -math.inf]
         mean = total / count if count else math.nan
         return mean, {"k": k, "questions": n, f"mean@{k}": mean,
                       f"pass@{k}": played.mean().item() if len(played) else math.nan,
                       "above_half": above / count if count else math.nan,  # thresholded accuracy (ANLS > 0.5)
+                      "full": full / count if count else math.nan,  # a win or a solved board
                       "failed": int(sum(kinds)),  # episodes that scored 0 (or the failure return): failed
                       "failures": {f: int(c) for f, c in zip(FAILURE_KINDS, kinds)}}

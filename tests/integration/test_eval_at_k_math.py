@@ -34,7 +34,7 @@ def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):
     assert obj.eval_cfg.episode_timeout_s == obj.train_cfg.episode_timeout_s == 1234.0  # env.episode_timeout_s
     assert obj.eval_cfg.env_workers == obj.train_cfg.env_workers == 3
     assert HeldOut(obj).evaluate() == (3 / 8, {"k": 4, "questions": 2, "mean@4": 3 / 8, "pass@4": 1.0,
-                                               "above_half": 3 / 8, "failed": 0,
+                                               "above_half": 3 / 8, "full": 3 / 8, "failed": 0,
                                                "failures": {"model": 0, "wall_clock": 0, "infra": 0}})
     rows = [json.loads(x) for x in open(traj)]
     assert [r["return"] for r in rows] == [float(x) for q in right for x in q] and {r["kind"] for r in rows} == {"eval"}

@@ -49,3 +49,20 @@ def test_a_run_s_final_weights_are_its_export_else_none_without_a_checkpoint(tmp
     assert bl.end_weights(str(tmp_path / "es"), "unused") == str(tmp_path / "es" / "export")
     (tmp_path / "grpo").mkdir()
     assert bl.end_weights(str(tmp_path / "grpo"), "unused") is None
+
+
+def test_success_is_the_mean_return_or_the_share_of_full_marks_of_the_same_eval():
+    detail = lambda full: {"eval_detail": {"k": 1, "full": full}}  # noqa: E731
+    rows = [detail(0.1), {"eval_step": 0, "eval": 0.6}, {"step": 0, "return_mean": 0.5},
+            detail(0.3), {"eval_step": 4, "eval": 0.7}, {"summary": {}}]
+    assert bl.curve_of(rows, 64) == [[0, 0.6], [256, 0.7]]
+    assert bl.curve_of(rows, 64, "full") == [[0, 0.1], [256, 0.3]]
+
+
+def test_the_game_task_plays_the_same_budget_and_counts_wins():
+    pytest.importorskip("textarena")
+    todo = bl.plan("guess", ["es", "grpo"], None, [])
+    assert todo["es"]["episodes"] == todo["grpo"]["episodes"] == 512 and bl.TASKS["guess"]["success"] == "full"
+    cfg = bl.compose(todo["es"]["argv"])
+    assert cfg["env"]["name"] == "textarena" and cfg["env"]["max_turns"] == 5
+    assert cfg["env"]["textarena"]["game_kwargs"]["max_turns"] == 5  # the game's own limit is the run's

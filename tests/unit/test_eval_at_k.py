@@ -39,6 +39,7 @@ def test_mean_and_pass_at_k():
     assert mean == sum(scored) / 12 == got["mean@4"]  # Mean@4: the failed episode scores 0
     assert got["pass@4"] == (1.0 + 0.6 + 0.0) / 3  # the best of 4 per question
     assert got["above_half"] == 2 / 12 and got["k"] == 4 and got["failed"] == 1
+    assert got["full"] == 1 / 12  # full marks: the one 1.0 (0.6 is partial credit)
     assert sorted(s for _, s in obj.played) == sorted(seed.values())  # one seed per (question, sample)
     assert len(set(seed.values())) == 12
 

@@ -201,3 +201,16 @@ def test_the_real_model_profile_builds_and_scores_the_answer_line():
     section = cfg.env.sections["reasoning_gym"]
     assert section.answer_format == "lenient" and section.config["max_digits"] == 1
     assert (cfg.es.population, cfg.env.episodes_per_step, cfg.env.max_turns) == (8, 8, 1)
+
+
+def test_the_real_model_game_and_sudoku_profiles_build():
+    """smollm2_guess (TextArena's GuessTheNumber, the game's own turn limit equal to the run's) and
+    smollm2_sudoku4 (the paper's task on the 4x4 board, candidates listed)."""
+    pytest.importorskip("textarena")
+    cfg = build_config(compose_config("+experiment=smollm2_guess"), 1)
+    assert cfg.model.path == "pypi:smollm2-135m-instruct" and cfg.env.name == "textarena"
+    game = cfg.env.sections["textarena"]
+    assert game.game == "GuessTheNumber-v0" and game.game_kwargs["max_turns"] == cfg.env.max_turns == 5
+    cfg = build_config(compose_config("+experiment=smollm2_sudoku4"), 1)
+    board = cfg.env.sections["sudoku"]
+    assert cfg.env.name == "sudoku" and (board.size, board.mask_count, board.hints) == (4, 2, True)

@@ -13,10 +13,11 @@ off-task text set from the starting weights, and the update's norm).
 
 Each run is ``launch/train.py`` in its own process and run dir (``--out/<method>-seed<N>``) with
 ``ESOPT_THREADS=--threads``; a run dir whose run finished is read, not run again, so a stopped benchmark
-continues where it was. Held-out success is the mean held-out return (the tasks here score 0 or 1) on the
-task's held-out split, played greedily; held-out episodes are not counted in the budget. A task's settings
-(model, environment, each method's hyperparameters) are in TASKS below; overrides after ``--`` apply to every
-run.
+continues where it was. Held-out success is measured on the task's held-out split, played as its profile says
+(greedily, or sampled with the same draws at every evaluation): the mean held-out return for the tasks that score 0
+or 1, the share of won games for a game that also gives a lost one partial credit (a task's ``success``: ``full``).
+Held-out episodes are not counted in the budget. A task's settings (model, environment, each method's
+hyperparameters) are in TASKS below; overrides after ``--`` apply to every run.
 """
 from __future__ import annotations
 
@@ -55,15 +56,17 @@ TASKS = {
     },
 }
 TASKS["guess"] = {
-    "about": "TextArena GuessTheNumber (1 to 20, bracketed guesses, 'higher'/'lower' after each, 5 turns), "
-             "multi-turn; success is a win (the game's return also gives a lost game partial credit for how near "
-             "its last guess was, which is what ES and the baselines train on), SmolLM2-135M-Instruct",
+    "about": "TextArena GuessTheNumber (a secret from 1 to 20, bracketed guesses, 'higher'/'lower' after each, 5 "
+             "turns), multi-turn; success is a win (the game's return also gives a lost game partial credit for how "
+             "near its last valid guess was, which is what the methods train on); held-out games sampled at "
+             "temperature 0.7, ES training at 0.7, GRPO and PPO at their 1.0; SmolLM2-135M-Instruct",
     "model": SMOLLM2, "overrides": ["+experiment=smollm2_guess", *_REAL], "episodes": 512, "success": "full",
     "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
 }
 TASKS["sudoku4"] = {
-    "about": "4x4 Sudoku with two blanks, each empty cell's candidates listed, one 'set <row> <col> <value>' a "
-             "turn, 4 turns, 1 for a solved board, SmolLM2-135M-Instruct",
+    "about": "4x4 Sudoku with two blanks, each empty cell's candidates listed (with two blanks that list is the "
+             "answer: the task is reading it and writing the move), one 'set <row> <col> <value>' a turn, 4 turns, "
+             "1 for a solved board, SmolLM2-135M-Instruct",
     "model": SMOLLM2, "overrides": ["+experiment=smollm2_sudoku4", *_REAL], "episodes": 512,
     "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
 }
@@ -139,19 +142,30 @@ def launch(run_dir: str, argv: list[str], seed: int, threads: int, evals: int, s
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def curve_of(rows: list[dict], n_per_step: int, success: str = "mean") -> list[list]:
+def curve_of(rows: list[dict], n_per_step: int, success: str = "mean", where: str = "run") -> list[list]:
     """[[training episodes, held-out success], ...] from a run's metrics rows. ``success``: ``mean`` (the mean
     held-out return: the tasks that score 0 or 1) or ``full`` (the share of held-out episodes with full marks, a
-    win, where the game also scores partial credit; the eval's ``eval_detail`` row just before its result)."""
-    out, detail = [], None
+    win, where the game also scores partial credit: the ``eval_detail`` row each evaluation writes just before its
+    result). A run restarted in its directory appends: the last series (from the last evaluation at step 0) counts,
+    and an evaluation repeated at a resume counts once."""
+    points, detail = {}, None
     for r in rows:
         if "eval_detail" in r:
             detail = r["eval_detail"]
         elif "eval" in r and "eval_step" in r:
-            value = float(r["eval"]) if success == "mean" else float(detail[success])
-            out.append([int(r["eval_step"]) * n_per_step, value])
+            step = int(r["eval_step"])
+            if success == "mean":
+                value = float(r["eval"])
+            elif detail is None or success not in detail:
+                raise ValueError(f"{where}: the evaluation at step {step} has no '{success}' in the eval_detail row "
+                                 "before it (a run made before that figure was recorded: run it again)")
+            else:
+                value = float(detail[success])
+            if step == 0:
+                points = {}
+            points[step] = value
             detail = None
-    return out
+    return [[step * n_per_step, v] for step, v in sorted(points.items())]
 
 
 def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float | None,
@@ -167,9 +181,8 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
         with open(measured) as f:
             kept = json.load(f)
         wall_s, maxrss = kept["wall_s"], kept["peak_rss_bytes"]
-    curve = curve_of(rows, n_per_step, success)
-    before, after = (summary["eval_before"], summary["eval_after"]) if success == "mean" else \
-        (curve[0][1], curve[-1][1])
+    curve = curve_of(rows, n_per_step, success, run_dir)
+    before, after = curve[0][1], curve[-1][1]  # the start and the end, whatever step a resumed run began at
     out = {"method": method, "seed": seed, "run_dir": os.path.relpath(run_dir, ROOT), "curve": curve,
            "success": success, "before": before, "after": after, "delta": after - before,
            "return_before": summary["eval_before"], "return_after": summary["eval_after"], "steps": summary["steps"],

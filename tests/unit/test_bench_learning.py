@@ -57,12 +57,20 @@ def test_success_is_the_mean_return_or_the_share_of_full_marks_of_the_same_eval(
             detail(0.3), {"eval_step": 4, "eval": 0.7}, {"summary": {}}]
     assert bl.curve_of(rows, 64) == [[0, 0.6], [256, 0.7]]
     assert bl.curve_of(rows, 64, "full") == [[0, 0.1], [256, 0.3]]
+    # a resume re-evaluates at its start step (counted once); a run restarted from 0 in its directory: the last
+    # series counts
+    resumed = rows[:-1] + [detail(0.3), {"eval_step": 4, "eval": 0.7}, detail(0.5), {"eval_step": 8, "eval": 0.9}]
+    assert bl.curve_of(resumed, 64, "full") == [[0, 0.1], [256, 0.3], [512, 0.5]]
+    restarted = rows[:-1] + [detail(0.2), {"eval_step": 0, "eval": 0.65}, detail(0.4), {"eval_step": 8, "eval": 1.0}]
+    assert bl.curve_of(restarted, 64) == [[0, 0.65], [512, 1.0]]
+    with pytest.raises(ValueError, match=r"^runs/x: the evaluation at step 0 has no 'full'"):
+        bl.curve_of([{"eval_detail": {"k": 1}}, {"eval_step": 0, "eval": 0.6}], 64, "full", "runs/x")
 
 
-def test_the_game_task_plays_the_same_budget_and_counts_wins():
+def test_the_game_task_plays_the_same_budget_within_the_game_s_own_turn_limit():
     pytest.importorskip("textarena")
     todo = bl.plan("guess", ["es", "grpo"], None, [])
-    assert todo["es"]["episodes"] == todo["grpo"]["episodes"] == 512 and bl.TASKS["guess"]["success"] == "full"
+    assert todo["es"]["episodes"] == todo["grpo"]["episodes"] == 512
     cfg = bl.compose(todo["es"]["argv"])
     assert cfg["env"]["name"] == "textarena" and cfg["env"]["max_turns"] == 5
-    assert cfg["env"]["textarena"]["game_kwargs"]["max_turns"] == 5  # the game's own limit is the run's
+    assert cfg["env"]["textarena"]["game_kwargs"]["max_turns"] == 5  # the game tells the player 5 turns

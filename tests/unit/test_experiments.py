@@ -204,7 +204,7 @@ def test_the_real_model_profile_builds_and_scores_the_answer_line():
 
 
 def test_the_real_model_game_and_sudoku_profiles_build():
-    """smollm2_guess (TextArena's GuessTheNumber, the game's own turn limit equal to the run's) and
+    """smollm2_guess (TextArena's GuessTheNumber, the game announcing the run's 5 turns) and
     smollm2_sudoku4 (the paper's task on the 4x4 board, candidates listed)."""
     pytest.importorskip("textarena")
     cfg = build_config(compose_config("+experiment=smollm2_guess"), 1)

@@ -183,11 +183,12 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
         with open(measured) as f:
             kept = json.load(f)
         wall_s, maxrss = kept["wall_s"], kept["peak_rss_bytes"]
-    curve = curve_of(rows, n_per_step, success, run_dir)
-    before, after = curve[0][1], curve[-1][1]  # the start and the end, whatever step a resumed run began at
+    # the start and the end from the curves, whatever step a resumed run began at (its summary starts there)
+    curve, returns = curve_of(rows, n_per_step, success, run_dir), curve_of(rows, n_per_step)
+    before, after = curve[0][1], curve[-1][1]
     out = {"method": method, "seed": seed, "run_dir": os.path.relpath(run_dir, ROOT), "curve": curve,
            "success": success, "before": before, "after": after, "delta": after - before,
-           "return_before": summary["eval_before"], "return_after": summary["eval_after"], "steps": summary["steps"],
+           "return_before": returns[0][1], "return_after": returns[-1][1], "steps": summary["steps"],
            "episodes": summary["steps"] * n_per_step, "train_seconds": summary["seconds"],
            "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
            "peak_gpu_bytes": summary.get("peak_gpu_bytes")}
@@ -233,6 +234,7 @@ def write_atomic_json(path: str, data) -> None:
 def run_all(args, todo: dict[str, dict]) -> list[dict]:
     """Every (method, seed), ``args.jobs`` at a time; finished ones are read back."""
     spec = TASKS[args.task]
+    success = spec.get("success", "mean")
     start_dir = None
     if spec["model"]:
         from esopt_mp.models.gguf import converted_dir, is_gguf_source
@@ -252,7 +254,7 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
             if finished(run_dir) is not None:
                 old = earlier.get((m, s), {})
                 results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], old.get("wall_s"),
-                                      old.get("peak_rss_bytes"), start_dir, spec.get("success", "mean")))
+                                      old.get("peak_rss_bytes"), start_dir, success))
                 print(f"[bench_learning] {m} seed {s}: finished before, read back", file=sys.stderr)
                 continue
             if args.report_only:
@@ -276,8 +278,7 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
             results.append({"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT),
                             "failed": proc.returncode})
             continue
-        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, usage.ru_maxrss * 1024, start_dir,
-                   spec.get("success", "mean"))
+        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, usage.ru_maxrss * 1024, start_dir, success)
         results.append(r)
         print(f"[bench_learning] {m} seed {s}: {r['before']:.3f} -> {r['after']:.3f} in {wall:.0f} s",
               file=sys.stderr)

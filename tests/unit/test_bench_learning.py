@@ -74,3 +74,15 @@ def test_the_game_task_plays_the_same_budget_within_the_game_s_own_turn_limit():
     cfg = bl.compose(todo["es"]["argv"])
     assert cfg["env"]["name"] == "textarena" and cfg["env"]["max_turns"] == 5
     assert cfg["env"]["textarena"]["game_kwargs"]["max_turns"] == 5  # the game tells the player 5 turns
+
+
+def test_a_resumed_run_s_start_is_its_first_evaluation_not_its_summary_s(tmp_path):
+    """A run resumed at step 4 writes a summary whose eval_before is step 4's; start and end come from the curve."""
+    detail = lambda full: {"eval_detail": {"k": 1, "full": full}}  # noqa: E731
+    rows = [detail(0.1), {"eval_step": 0, "eval": 0.6}, detail(0.3), {"eval_step": 4, "eval": 0.7},
+            detail(0.5), {"eval_step": 8, "eval": 0.9},
+            {"summary": {"eval_before": 0.7, "eval_after": 0.9, "steps": 8, "seconds": 1.0}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = bl.result("es", 0, str(tmp_path), 64, 5.0, 2 ** 30, None, "full")
+    assert (got["before"], got["after"], got["delta"]) == (0.1, 0.5, 0.5 - 0.1)
+    assert (got["return_before"], got["return_after"]) == (0.6, 0.9)

@@ -68,9 +68,11 @@ def test_bad_input_names_the_argument(key, value):
 
 
 def _tensor_bytes(obj, seen: dict) -> dict:
-    """Bytes of every tensor reachable from ``obj`` (containers and object attributes), each storage once."""
+    """Bytes of every floating-point tensor reachable from ``obj`` (containers and object attributes), each storage
+    once. Integer bookkeeping (a layer's length counter: one int64 scalar) is not state the model predicts."""
     if torch.is_tensor(obj):
-        seen[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+        if obj.is_floating_point():
+            seen[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
     elif isinstance(obj, dict):
         for v in obj.values():
             _tensor_bytes(v, seen)

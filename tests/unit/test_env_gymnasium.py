@@ -172,6 +172,31 @@ def test_parse_action():
     assert parse_action("<action>\u0663</action>", names, 6) is None  # ASCII digits only
 
 
+def test_lenient_reads_the_last_action_named_in_prose_and_a_tag_still_decides():
+    names = ACTIONS["BlackjackEnv"]
+    assert parse_action("I would hit, then maybe stick.", names, 2, "lenient") == 0
+    assert parse_action("Stick? No: HIT!", names, 2, "lenient") == 1
+    assert parse_action("sticky hits", names, 2, "lenient") is None  # whole words only
+    assert parse_action("hit <action>fold</action>", names, 2, "lenient") is None  # a tag is the answer, even a bad one
+    assert parse_action("<action>stick</action> then hit", names, 2, "lenient") == 0
+    assert parse_action("stick", names, 2, "lenient") == 0 and parse_action("1", names, 2, "lenient") == 1
+    assert parse_action("I would hit", names, 2) is None  # strict stays the default
+    assert parse_action("hit " * 50_000, names, 2, "lenient") == 1  # long hostile text: one linear pass
+
+
+def test_lenient_episode_plays_the_action_and_scores_only_the_game():
+    env = GymnasiumEnv(max_turns=3, id="Blackjack-v1", answer_format="lenient")
+    env.reset({"id": "b", "seed": 2})
+    _, reward, done, _, info = env.step("Hmm, with that dealer card I think I will stick here.")
+    assert info["valid_action"] and info["action"] == 0 and done and reward in (-1.0, 0.0, 1.0)
+    strict = GymnasiumEnv(max_turns=3, id="Blackjack-v1")
+    strict.reset({"id": "b", "seed": 2})
+    _, reward, done, _, info = strict.step("Hmm, with that dealer card I think I will stick here.")
+    assert not info["valid_action"] and not done and reward == -1.0
+    with pytest.raises(ValueError, match="answer_format"):
+        GymnasiumConfig(id="Blackjack-v1", answer_format="loose").validate()
+
+
 def test_tasks_deterministic_and_disjoint():
     a = GymnasiumEnv.tasks("train", 50, 7, id="Taxi-v4")
     assert a == GymnasiumEnv.tasks("train", 50, 7, id="Taxi-v4")

@@ -12,6 +12,9 @@ The answer format: one action per reply, inside ``<action>...</action>`` -- its 
 The last such tag counts; a reply that is nothing but the name or number counts too. A reply with no readable
 action does not step the game: it spends the turn, scores ``invalid_reward`` (default -1, what a Taxi or
 CliffWalking move costs, so that stalling never beats moving) and gets feedback naming the actions.
+``answer_format=lenient`` reads a small model that rarely writes the tag: with no tag and no bare answer, the last
+action name the reply mentions as a word (``"I will hit now"`` reads ``hit``). Nothing is scored for the form: the
+action read plays the game and the game's reward is the only reward.
 
 Every step's reward is the library's (dense for Taxi and CliffWalking) and the episode's return is their sum;
 ``terminated`` and ``truncated`` are the library's (its ``TimeLimit``), the run's ``max_turns`` truncating too. A
@@ -30,6 +33,8 @@ from esopt_mp.envs.toolcalls import clean_text
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LAST = re.compile(r"^ *\(\w+\) *\n?", re.MULTILINE)  # the render's "(Left)" line: the feedback names the action
 _TAG = re.compile(r"<action>\s*([^<]{0,64}?)\s*</action>", re.IGNORECASE)  # bounded: hostile text stays linear
+_WORD = re.compile(r"[a-z]+")
+FORMATS = ("strict", "lenient")
 _FORMAT = "Each turn, reply with exactly one action inside <action>...</action>, for example <action>{eg}</action>."
 
 _GRIDS = ("FrozenLakeEnv", "TaxiEnv", "CliffWalkingEnv")
@@ -96,6 +101,7 @@ class GymnasiumConfig:
     invalid_reward: float = -1.0  # the reward of a reply with no readable action (the game does not move)
     system_prompt: str | None = None  # the opening system message (None: the game's rules and the answer format;
     # '' sends none)
+    answer_format: str = "strict"  # strict: a tag or a bare name/number; lenient: else the last action name mentioned
 
     def validate(self, key: str = "env.gymnasium") -> None:
         gym = _gym()
@@ -122,6 +128,8 @@ class GymnasiumConfig:
             raise ValueError(f"{key}.random_map_size: only FrozenLake has random maps, not {self.id}")
         if self.random_map_size and ("desc" in self.kwargs or "map_name" in self.kwargs):
             raise ValueError(f"{key}.random_map_size: each task brings its own map; drop kwargs.desc / map_name")
+        if self.answer_format not in FORMATS:
+            raise ValueError(f"{key}.answer_format: one of {', '.join(FORMATS)}, got {self.answer_format!r}")
         if not (self.invalid_reward == self.invalid_reward and abs(self.invalid_reward) < float("inf")):
             raise ValueError(f"{key}.invalid_reward: expected a finite number, got {self.invalid_reward!r}")
 
@@ -135,16 +143,20 @@ def _seeds(split: str, n: int, seed: int) -> list[int]:
     return [2 * k + (split == "eval") for k in rng.sample(range(2 ** 30), n)]
 
 
-def parse_action(text: str, names: tuple[str, ...], n: int) -> int | None:
+def parse_action(text: str, names: tuple[str, ...], n: int, answer_format: str = "strict") -> int | None:
     """The action number ``text`` names (see the module docstring), or None."""
     found = _TAG.findall(text)
     word = found[-1] if found else text.strip()
     word = re.sub(r"[\s_\-]+", "", word).strip(".").lower()
-    if not word or len(word) > 16:
-        return None
-    if re.fullmatch(r"[0-9]{1,3}", word):
-        return int(word) if int(word) < n else None
-    return names.index(word) if word in names else None
+    if word and len(word) <= 16:
+        if re.fullmatch(r"[0-9]{1,3}", word):
+            return int(word) if int(word) < n else None
+        if word in names:
+            return names.index(word)
+    if answer_format == "lenient" and not found and names:
+        mentioned = [w for w in _WORD.findall(text.lower()) if w in names]
+        return names.index(mentioned[-1]) if mentioned else None
+    return None
 
 
 def _jsonable(obs):
@@ -171,7 +183,7 @@ class GymnasiumEnv:
 
     def __init__(self, *, max_turns: int = 30, id: str = "FrozenLake-v1",  # noqa: A002 - the section's key
                  kwargs: dict[str, Any] | None = None, random_map_size: int = 0, invalid_reward: float = -1.0,
-                 system_prompt: str | None = None):
+                 system_prompt: str | None = None, answer_format: str = "strict"):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
@@ -180,6 +192,7 @@ class GymnasiumEnv:
         self.random_map_size = random_map_size
         self.invalid_reward = float(invalid_reward)
         self.system_prompt = system_prompt
+        self.answer_format = answer_format
         self.failure_return = self.invalid_reward * max_turns  # refined at reset: the lowest return possible
         self._env = None
         self.turn = 0
@@ -310,7 +323,8 @@ class GymnasiumEnv:
         if self.done:
             return [], 0.0, True, False, {"turn": self.turn, "note": "the episode had ended"}
         self.turn += 1
-        action = parse_action(clean_text(text if isinstance(text, str) else str(text)), self._names, self._n)
+        action = parse_action(clean_text(text if isinstance(text, str) else str(text)), self._names, self._n,
+                              self.answer_format)
         info: dict[str, Any] = {"turn": self.turn, "valid_action": action is not None}
         if action is None:
             reward, terminated, truncated = self.invalid_reward, False, False

@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 
-from esopt_mp.envs.base import StartupError
+from esopt_mp.core.errors import StartupError
 from esopt_mp.runfiles import check_no_links
 
 MODEL_HINT = ("a local Hugging Face model directory (config.json, tokenizer files, *.safetensors), a .gguf file or "

@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 
-from esopt_mp.envs.base import StartupError
+from esopt_mp.core.errors import StartupError
 from esopt_mp.runfiles import run_subdir, write_atomic
 from esopt_mp.typed import ConfigError, flatten
 

@@ -29,7 +29,7 @@ from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_st
 from esopt_mp.resume import agree_on_failure, restore_run_
 from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.config import TrainConfig
-from esopt_mp.envs.base import FAILURE_KINDS, StartupError
+from esopt_mp.core.errors import FAILURE_KINDS, StartupError
 from esopt_mp.es import Perturber, Schedule, population, shape_returns
 from esopt_mp.es.perturber import exact_restore
 from esopt_mp.identity import config_identity, diff_identity

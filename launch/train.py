@@ -105,7 +105,7 @@ def main(hcfg: DictConfig) -> None:
 
     from esopt_mp.config import build_config
     from esopt_mp.checkpoint import CheckpointError
-    from esopt_mp.envs import StartupError
+    from esopt_mp.core.errors import StartupError
     from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
     from esopt_mp.parallel import close_distributed, cpu_threads, discover, init_distributed

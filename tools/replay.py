@@ -80,7 +80,7 @@ def main() -> None:
 def one_line_errors(prog: str):
     """A run directory that cannot be read (missing, not a run, no checkpoint, a bad ledger): one line, exit 2."""
     from esopt_mp.checkpoint import CheckpointError
-    from esopt_mp.envs.base import StartupError
+    from esopt_mp.core.errors import StartupError
     from esopt_mp.ledger import LedgerError
 
     from esopt_mp.progress import quiet_libraries

@@ -17,7 +17,7 @@ from esopt_mp.agent.loop import build_agent_config, run_episodes, write_trajecto
 from esopt_mp.engine.base import Engine
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.engine.tp import replicated
-from esopt_mp.envs import FAILURE_KINDS, InfraError, StartupError
+from esopt_mp.core.errors import FAILURE_KINDS, InfraError, StartupError
 from esopt_mp.es.seeds import stream_seed
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Callable
 
-from esopt_mp.envs.base import InfraError, StartupError
+from esopt_mp.core.errors import InfraError, StartupError
 
 EX_TEMPFAIL = 75  # a command's "the infrastructure failed, not the model" exit status
 _TAIL = 600  # characters of a command's stderr kept in an error

@@ -13,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from esopt_mp.envs import FAILURE_KINDS
+from esopt_mp.core.errors import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
 
 

@@ -28,16 +28,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
+from esopt_mp.core.errors import FAILURE_KINDS, InfraError, StartupError  # noqa: F401 - the plugin API's names
+
 Message = dict[str, Any]
-FAILURE_KINDS = ("model", "wall_clock", "infra")  # the model's error, its wall clock, the infrastructure's fault
-
-
-class InfraError(RuntimeError):
-    """The infrastructure failed the episode (not the model): its return is left out of the member's mean."""
-
-
-class StartupError(RuntimeError):
-    """An environment's start-up check failed (its sandbox, browser stack, server...): nothing was played."""
 
 
 def failure_return(env) -> float:

@@ -258,7 +258,7 @@ LAYERS = (
 )
 # Today's exceptions, each to be removed by the change that fixes it: the test fails when one no longer occurs.
 KNOWN = {
-    "trackers -> envs", "prompt -> agent", "endpoint -> agent", "baselines -> config", "baselines -> runner",
+    "prompt -> agent", "endpoint -> agent", "baselines -> config", "baselines -> runner",
     "trainer -> runner", "trainer -> profiling",
     "cycle: es, parallel", "cycle: agent, endpoint, prompt", "cycle: baselines, config",
 }

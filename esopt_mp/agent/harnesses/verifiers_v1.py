@@ -33,7 +33,7 @@ from typing import Any
 import verifiers.v1 as vf
 from verifiers.v1.configs.agent import agent_config_fields
 
-from esopt_mp.envs import InfraError
+from esopt_mp.core.errors import InfraError
 
 ENV_VAR = "ESOPT_VERIFIERS_ENV"
 _INFRA = ("ProviderError", "InterceptionError", "TunnelError", "SandboxError", "ToolsetError")

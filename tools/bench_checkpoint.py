@@ -37,7 +37,7 @@ def main() -> None:
     from esopt_mp.checkpoint import Checkpointer, save_checkpoint
     from esopt_mp.resume import load_checkpoint_
     from esopt_mp.es import Perturber
-    from esopt_mp.parallel.shard import LocalShard, ShardInfo
+    from esopt_mp.es.shard import LocalShard, ShardInfo
     from esopt_mp.parallel import ParallelDims
 
     torch.set_num_threads(1)

@@ -26,7 +26,7 @@ import re
 
 import torch
 
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 from esopt_mp.models.loading import selected
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

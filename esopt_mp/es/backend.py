@@ -58,7 +58,7 @@ def _triton_works(device) -> tuple[bool, str]:
         return _probed[device]
     from esopt_mp.es import triton_noise
     from esopt_mp.es.philox import key_words, normals_kernel
-    from esopt_mp.parallel.shard import ShardInfo
+    from esopt_mp.es.shard import ShardInfo
 
     info = ShardInfo.full("esopt.backend.probe", (64,))
     want = normals_kernel(torch.arange(16), key_words(12345, info.tid, "cpu")).view(-1)  # elements 0..63, eager

@@ -19,7 +19,7 @@ import torch
 
 from esopt_mp.es.backend import resolve as resolve_backend
 from esopt_mp.es.philox import get_kernel, key_words, tensor_id
-from esopt_mp.parallel.shard import ShardInfo
+from esopt_mp.es.shard import ShardInfo
 
 DEFAULT_BLOCK = 1 << 16
 

@@ -36,7 +36,7 @@ from esopt_mp.es.backend import resolve as resolve_backend
 from esopt_mp.es.config import DECAY_TARGETS, MASTER_MODES, RESTORE_MODES
 from esopt_mp.es.hostmem import HostCopies
 from esopt_mp.es.noise import WholeTensors, stream
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 from esopt_mp.typed import check_choice
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the Triton kernels' fp32 math; not fp64

@@ -16,7 +16,7 @@ import os
 import torch
 
 from esopt_mp.models.config import DTYPES as MODEL_DTYPES
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 from esopt_mp.parallel.dims import ParallelDims
 from esopt_mp.typed import check_choice
 

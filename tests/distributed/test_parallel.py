@@ -64,7 +64,7 @@ def test_model_output_reward_agrees_to_tp_rounding(layout_results, tiny_model):
     from safetensors.torch import load_file
 
     from esopt_mp.es import local_noise
-    from esopt_mp.parallel.shard import ShardInfo
+    from esopt_mp.es.shard import ShardInfo
 
     base = load_file(f"{tiny_model}/model.safetensors")
     cfg = json.load(open(f"{tiny_model}/config.json"))

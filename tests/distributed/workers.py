@@ -7,7 +7,7 @@ import torch
 
 from esopt_mp.config import build_config
 from esopt_mp.es import local_noise, population
-from esopt_mp.parallel.shard import ShardInfo
+from esopt_mp.es.shard import ShardInfo
 from esopt_mp.models import full_state_dict
 from esopt_mp.parallel import ReplicaDriftError, check_replicas, discover, gather_returns, init_distributed
 from esopt_mp.trainer import ESTrainer

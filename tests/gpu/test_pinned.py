@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from esopt_mp.es import Perturber
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 
 pytestmark = pytest.mark.gpu
 KEY = "allocated_bytes.current"  # torch.cuda.host_memory_stats(): the caching host allocator's bytes

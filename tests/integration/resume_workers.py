@@ -61,7 +61,7 @@ def abandoned_save_worker(rank: int, world: int, run_dir: str, out_path: str) ->
 
     from esopt_mp import checkpoint as ck
     from esopt_mp.es import Perturber
-    from esopt_mp.parallel.shard import LocalShard, ShardInfo
+    from esopt_mp.es.shard import LocalShard, ShardInfo
 
     dims = init_distributed(discover(), 1, 2, timeout_s=900)  # far beyond the test's own bound
     box = torch.arange(12.0).view(2, 6)[rank : rank + 1].clone()

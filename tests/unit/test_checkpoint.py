@@ -13,7 +13,7 @@ from esopt_mp import checkpoint as ck
 from esopt_mp import resume
 from esopt_mp.es import Perturber, member_seed
 from esopt_mp.identity import config_identity
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 from esopt_mp.parallel import ParallelDims
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -58,7 +58,7 @@ def test_a_component_refuses_a_setting_in_the_words_of_the_config(tmp_path):
     from esopt_mp.es.shaping import shape_returns
     from esopt_mp.models.loading import load_model
     from esopt_mp.parallel.dims import ParallelDims
-    from esopt_mp.parallel.shard import LocalShard, ShardInfo
+    from esopt_mp.es.shard import LocalShard, ShardInfo
 
     shard = [LocalShard(torch.zeros(4), ShardInfo.full("w", (4,)))]
     cases = [

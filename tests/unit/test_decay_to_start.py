@@ -9,7 +9,7 @@ import torch
 
 from esopt_mp.es import Perturber, build_local_shards, local_noise, member_seed
 from esopt_mp.es.config import ESConfig
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 from esopt_mp.typed import ConfigError
 
 SEEDS = [member_seed(5, 1, i) for i in range(4)]

@@ -10,7 +10,7 @@ def test_snapshot_and_master_take_the_shard_size(dtype, master):
     """Counted from the storage the perturber holds (the resident memory it takes, which depends on the allocator
     and the machine's load, is measured by tools/memprof.py's es_snapshot profiles: "host by design" in its JSON)."""
     from esopt_mp.es import Perturber
-    from esopt_mp.parallel.shard import LocalShard, ShardInfo
+    from esopt_mp.es.shard import LocalShard, ShardInfo
 
     dt = getattr(torch, dtype)
     sizes = [(64, 160), (48, 160), (3, 5)]  # the last one far from 64-byte alignment

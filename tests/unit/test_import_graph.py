@@ -260,7 +260,7 @@ LAYERS = (
 KNOWN = {
     "prompt -> agent", "endpoint -> agent", "baselines -> config", "baselines -> runner",
     "trainer -> runner", "trainer -> profiling",
-    "cycle: es, parallel", "cycle: agent, endpoint, prompt", "cycle: baselines, config",
+    "cycle: agent, endpoint, prompt", "cycle: baselines, config",
 }
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from esopt_mp.es.noise import fill_, gaussian, local_noise, stream
-from esopt_mp.parallel.shard import ShardInfo
+from esopt_mp.es.shard import ShardInfo
 
 SEED = 987654321987654321
 NAME = "model.layers.3.self_attn.o_proj.weight"

@@ -49,7 +49,7 @@ def test_small_whole_tensors_get_their_noise_in_one_call_and_the_same_bits():
     import torch
 
     from esopt_mp.es import Perturber, local_noise
-    from esopt_mp.parallel.shard import LocalShard, ShardInfo
+    from esopt_mp.es.shard import LocalShard, ShardInfo
 
     torch.manual_seed(0)
     shapes = [(7,), (33, 5), (64, 64), (3, 3, 3), (1,), (130,), (40, 17)]
@@ -75,3 +75,11 @@ def test_small_whole_tensors_get_their_noise_in_one_call_and_the_same_bits():
             acc.add_(local_noise(seed, s.info).view(-1), alpha=g * w)
         acc.mul_(0.1 / 3)
         assert torch.equal(s.tensor.view(-1), w0.view(-1).add_(acc)), s.info.name
+
+
+def test_the_shard_descriptions_former_path_is_the_same_class():
+    """``esopt_mp.parallel.shard`` (its former home) goes on naming the same classes."""
+    from esopt_mp.es import shard
+    from esopt_mp.parallel import shard as old
+
+    assert old.ShardInfo is shard.ShardInfo and old.LocalShard is shard.LocalShard

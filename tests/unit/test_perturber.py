@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from esopt_mp.es import Perturber, build_local_shards, local_noise, member_seed
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 from tools.ulp import ulp_drift, ulp_of
 
 

@@ -149,7 +149,7 @@ def test_an_atomic_write_never_opens_a_link_planted_at_its_temporary_name(tmp_pa
 
 def _perturber():
     from esopt_mp.es import Perturber
-    from esopt_mp.parallel.shard import LocalShard, ShardInfo
+    from esopt_mp.es.shard import LocalShard, ShardInfo
 
     return Perturber([LocalShard(torch.arange(4.0), ShardInfo("w", (4,), (0,), (4,)))])
 

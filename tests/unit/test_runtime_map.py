@@ -8,7 +8,7 @@ from esopt_mp.engine.runtime_map import (MappingError, Piece, box_slices, decode
                                          local_shards, select)
 from esopt_mp.engine.vllm_worker import checkpoint_format
 from esopt_mp.es.perturber import Perturber
-from esopt_mp.parallel.shard import LocalShard, ShardInfo
+from esopt_mp.es.shard import LocalShard, ShardInfo
 
 SHAPES = {"q": (8, 4), "k": (4, 4), "v": (4, 4), "o": (4, 8), "embed": (10, 4), "A_log": (4,), "conv": (12, 1, 3)}
 

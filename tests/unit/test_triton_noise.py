@@ -14,7 +14,7 @@ pytest.importorskip("triton", reason="triton not installed (pip install 'esopt_m
 
 from esopt_mp.es.config import ESConfig  # noqa: E402
 from esopt_mp.es import Perturber, local_noise, member_seed, stream  # noqa: E402
-from esopt_mp.parallel.shard import LocalShard, ShardInfo  # noqa: E402
+from esopt_mp.es.shard import LocalShard, ShardInfo  # noqa: E402
 from esopt_mp.es import backend, triton_noise  # noqa: E402
 
 

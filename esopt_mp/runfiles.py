@@ -20,6 +20,10 @@ import logging
 import os
 import shutil
 import stat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from esopt_mp.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -217,3 +221,26 @@ def read_jsonl(path: str) -> list[dict]:
     if bad:
         log.warning("%s: skipped %d line(s) that are not JSON records (torn by a crash?)", path, bad)
     return out
+
+
+def write_config(cfg: "TrainConfig", rank: int, base_model: str, identity: dict) -> None:
+    """``run.dir/config.json`` (rank 0): the whole config, the resolved model and the run identity (``identity``
+    from :func:`esopt_mp.identity.config_identity`), from which a replay rebuilds the run and a refusal names what
+    differs. Replaced whole: a crash leaves the old file or the new one, and a link there is replaced, not
+    written through."""
+    if rank != 0:
+        return
+    write_atomic(os.path.join(cfg.run.dir, "config.json"),
+                 json.dumps(dict(cfg.to_dict(), base_model=base_model, config_hash=identity["hash"],
+                                 identity=identity["fields"]), indent=1))
+
+
+def trajectories_file(cfg: "TrainConfig", rank: int) -> str | None:
+    """``run.dir/trajectories.jsonl`` when ``run.trajectories`` is on, its torn tail cut on rank 0 (the one that
+    appends) before a resumed run appends to it; a symbolic link there is refused before any episode."""
+    if not cfg.run.trajectories:
+        return None
+    path = os.path.join(cfg.run.dir, "trajectories.jsonl")
+    if rank == 0:
+        repair_jsonl(path)
+    return path

@@ -6,7 +6,6 @@ saves, how it stops on a signal and what its summary holds.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from esopt_mp.metrics import plot_run, summary_screen
 from esopt_mp.progress import StepProgress
-from esopt_mp.runfiles import repair_jsonl, write_atomic
+from esopt_mp.runfiles import trajectories_file, write_config  # noqa: F401 - their former home
 
 if TYPE_CHECKING:
     from esopt_mp.config import TrainConfig
@@ -75,29 +74,6 @@ class Stop:
     def __call__(self, signum, frame) -> None:
         log.warning("signal %d: finishing the current step, then checkpoint and exit", signum)
         self.requested = True
-
-
-def write_config(cfg: TrainConfig, rank: int, base_model: str, identity: dict) -> None:
-    """``run.dir/config.json`` (rank 0): the whole config, the resolved model and the run identity (``identity``
-    from :func:`esopt_mp.identity.config_identity`), from which a replay rebuilds the run and a refusal names what
-    differs. Replaced whole: a crash leaves the old file or the new one, and a link there is replaced, not
-    written through."""
-    if rank != 0:
-        return
-    write_atomic(os.path.join(cfg.run.dir, "config.json"),
-                 json.dumps(dict(cfg.to_dict(), base_model=base_model, config_hash=identity["hash"],
-                                 identity=identity["fields"]), indent=1))
-
-
-def trajectories_file(cfg: TrainConfig, rank: int) -> str | None:
-    """``run.dir/trajectories.jsonl`` when ``run.trajectories`` is on, its torn tail cut on rank 0 (the one that
-    appends) before a resumed run appends to it; a symbolic link there is refused before any episode."""
-    if not cfg.run.trajectories:
-        return None
-    path = os.path.join(cfg.run.dir, "trajectories.jsonl")
-    if rank == 0:
-        repair_jsonl(path)
-    return path
 
 
 def peak_memory() -> dict:

@@ -40,9 +40,9 @@ from esopt_mp.models import build_shards, load_model, resolve_model_dir
 from esopt_mp.models.export import export_hf
 from esopt_mp.objectives import Member, build_objective
 from esopt_mp.parallel import CommStats, MemberQueue, ParallelDims, check_replicas, gather_returns
-from esopt_mp.profiling.sampler import malloc_trim
+from esopt_mp.es.heap import malloc_trim
 from esopt_mp.health import Health
-from esopt_mp.runner import trajectories_file, write_config
+from esopt_mp.runfiles import trajectories_file, write_config
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
 from esopt_mp.runfiles import open_run_file, run_subdir
-from esopt_mp.runner import trajectories_file, write_config
+from esopt_mp.runfiles import trajectories_file, write_config
 
 log = logging.getLogger(__name__)
 

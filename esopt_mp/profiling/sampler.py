@@ -37,6 +37,8 @@ import resource
 import threading
 import time
 
+from esopt_mp.es.heap import malloc_trim
+
 log = logging.getLogger(__name__)
 _NOTICED = False
 
@@ -103,26 +105,6 @@ def _reset_hwm() -> bool:
         return True
     except OSError:
         return False
-
-
-_TRIM = []  # [the C library's malloc_trim, or None], looked up once
-
-
-def malloc_trim() -> bool:
-    """Return glibc's free heap pages to the kernel (``malloc_trim(0)``); False where the C library lacks it."""
-    if not _TRIM:
-        try:
-            import ctypes
-
-            fn = ctypes.CDLL(None).malloc_trim
-            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
-            fn = None
-        _TRIM.append(fn)
-    if _TRIM[0] is None:
-        return False
-    _TRIM[0](0)
-    return True
 
 
 def ru_maxrss_bytes() -> int:

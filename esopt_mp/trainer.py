@@ -163,7 +163,7 @@ class ESTrainer:
 
             ref, hooks, fit, thought = "", None, None, ""
             if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
-                from esopt_mp.prompt import hooks as skill
+                from esopt_mp.agent import skill_hooks as skill
 
                 hooks = skill.skill_hooks(player, cfg.prompt.skill)
             else:

@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-_PATCHED = (("esopt_mp.prompt.hooks", ("generate_texts", "skill_hooks")), ("esopt_mp.agent.loop", ("_encode",)),
+_PATCHED = (("esopt_mp.agent.skill_hooks", ("generate_texts", "skill_hooks")), ("esopt_mp.agent.loop", ("_encode",)),
             ("esopt_mp.agent.episodes.EpisodePlayer", ("make_env",)))
 
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def _worker(rank, world, dp, tp, run_dir, out):
-    import esopt_mp.prompt.hooks as skill
+    import esopt_mp.agent.skill_hooks as skill
     from esopt_mp.agent.episodes import EpisodePlayer
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer

@@ -16,7 +16,7 @@ BROKEN = "tokenizer: cannot encode the proposer prompt"
 
 def _worker(rank, world, dp, tp, run_dir, out):
     import esopt_mp.agent.loop as loop
-    import esopt_mp.prompt.hooks as skill
+    import esopt_mp.agent.skill_hooks as skill
     from esopt_mp.agent.episodes import EpisodePlayer
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer

@@ -39,7 +39,7 @@ class Endpoint(BaseHTTPRequestHandler):
 
 
 def _worker(rank, world, dp, tp, proposer, client, port, run_dir, out):
-    import esopt_mp.prompt.hooks as skill
+    import esopt_mp.agent.skill_hooks as skill
     from esopt_mp.agent.episodes import EpisodePlayer
     from esopt_mp.parallel import discover, init_distributed
     from esopt_mp.trainer import ESTrainer

@@ -51,7 +51,7 @@ def env(monkeypatch):
 
 def _scripted(monkeypatch, shown):
     """The run's real hooks (validation plays the unperturbed tiny model) with a recorded proposer."""
-    import esopt_mp.prompt.hooks as skill
+    import esopt_mp.agent.skill_hooks as skill
 
     real = skill.skill_hooks
 

@@ -61,7 +61,7 @@ def test_the_endpoint_request_gives_up_after_timeout_s(monkeypatch):
     """A hung endpoint costs timeout_s, then the batch proposes nothing (dropped with the error as its reason)."""
     from esopt_mp.agent.loop import AgentConfig
     from esopt_mp.parallel import LaunchEnv, init_distributed
-    from esopt_mp.prompt.hooks import skill_hooks
+    from esopt_mp.agent.skill_hooks import skill_hooks
     from esopt_mp.prompt.skill_edits import parse_edits
 
     class Slow(BaseHTTPRequestHandler):

@@ -1,4 +1,6 @@
-"""Skill synthesis's hooks into the run: the proposer and the validation of a candidate context.
+"""Skill synthesis's hooks into the run (``prompt.optimiser=skill``): the proposer and the validation of a candidate
+context. They live with the agent because they play episodes; the optimiser itself (``esopt_mp.prompt``) is plain
+text.
 
 Both play on the run's unperturbed model through its episode player (:class:`esopt_mp.agent.episodes.EpisodePlayer`):
 the trainer updates the context after every member restored its weights.

@@ -42,7 +42,7 @@ class _Play:
     """The environment side of a rollout for the ``model.generate`` baselines (same ChatML deltas as the loop)."""
 
     def __init__(self, tok, tasks, turns):
-        from esopt_mp.agent.chat import IM_END, opening_text
+        from esopt_mp.chat.format import IM_END, opening_text
         from esopt_mp.envs import make
 
         self.tok, self.turns = tok, turns
@@ -65,7 +65,7 @@ class _Play:
 
     def step(self, i: int, reply: list[int], finish: str) -> bool:
         """Apply episode i's reply; True while it goes on."""
-        from esopt_mp.agent.chat import delta_text
+        from esopt_mp.chat.format import delta_text
 
         self.replies.append((len(reply), finish))
         self.ids[i] = self.ids[i] + reply

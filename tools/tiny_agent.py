@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from esopt_mp.agent.chat import CHAT_TEMPLATE, IM_END, delta_text, opening_text
+from esopt_mp.chat.format import CHAT_TEMPLATE, IM_END, delta_text, opening_text
 from esopt_mp.envs.math_react import generate as math_tasks
 from esopt_mp.envs.sudoku import SudokuEnv, generate
 

@@ -12,7 +12,7 @@ import json
 import threading
 from typing import Callable
 
-from esopt_mp.agent.chat import IM_END
+from esopt_mp.chat.format import IM_END
 from esopt_mp.endpoint.protocol import RequestError
 from esopt_mp.endpoint.render import continuation_text, parse_reply, prompt_text
 from esopt_mp.endpoint.sessions import Thread

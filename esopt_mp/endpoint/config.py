@@ -10,7 +10,7 @@ import math
 import os
 import re
 
-from esopt_mp.envs.toolcalls import PARSERS
+from esopt_mp.chat.toolcalls import PARSERS
 from esopt_mp.typed import check
 
 

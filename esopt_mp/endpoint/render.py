@@ -1,6 +1,6 @@
 """A chat request's prompt text, rendered as the in-process agent loop renders it, and a reply parsed back.
 
-The loop's ChatML (:mod:`esopt_mp.agent.chat`) extended with Qwen3's chat-template tools block (appended to the
+The loop's ChatML (:mod:`esopt_mp.chat.format`) extended with Qwen3's chat-template tools block (appended to the
 first system message, or a system message put first) and assistant history messages' ``tool_calls`` (content,
 then one ``<tool_call>`` block per call). An environment of the in-process loop that puts
 :func:`system_with_tools`' text in its system prompt sees, token for token, what the endpoint's client sees.
@@ -8,17 +8,15 @@ then one ``<tool_call>`` block per call). An environment of the in-process loop 
 from __future__ import annotations
 
 import json
-import re
 
-from esopt_mp.agent.chat import delta_text, opening_text
-from esopt_mp.envs.toolcalls import build_parser, clean_text
+from esopt_mp.chat.format import delta_text, opening_text
+from esopt_mp.chat.toolcalls import blocks, build_parser, clean_text
 
 TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
 TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
               "<args-json-object>}\n</tool_call>")
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)  # as esopt_mp/envs/toolcalls.py reads it
 
 
 def text_of(content) -> str:
@@ -57,7 +55,7 @@ def call_text(call: dict) -> str:
 
 
 def chat_message(m: dict) -> dict:
-    """A request message as :func:`esopt_mp.agent.chat.render_message` takes it (role, text content)."""
+    """A request message as :func:`esopt_mp.chat.format.render_message` takes it (role, text content)."""
     role = "system" if m["role"] == "developer" else m["role"]
     content = text_of(m.get("content"))
     if role == "assistant" and m.get("tool_calls"):
@@ -85,10 +83,10 @@ def parse_reply(text: str, parser: str = "hermes", tools: list[dict] | None = No
     calls, spans = [], []
     if tools:
         p = build_parser(parser)
-        for m in _BLOCK.finditer(text):
-            found = p.parse(m.group(0))
+        for span, block in blocks(text):
+            found = p.parse(block)
             if found and all(c.error is None for c in found):
-                spans.append(m.span())
+                spans.append(span)
                 calls += [{"id": f"{id_prefix}{len(calls) + k}", "type": "function",
                            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                           for k, c in enumerate(found)]

@@ -25,7 +25,7 @@ from esopt_mp.envs.spec import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 from esopt_mp.envs.docvqa_config import DocVQAConfig, resolve_tesseract
 from esopt_mp.envs.sandbox.core import WORKSPACE
-from esopt_mp.envs.toolcalls import MAX_CALLS, build_parser
+from esopt_mp.chat.toolcalls import MAX_CALLS, build_parser
 
 DOC = "document.png"
 SYSTEM = (f"Answer the question about the document image {WORKSPACE}/{DOC}. You cannot see it: inspect it with the "

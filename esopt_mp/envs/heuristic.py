@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from esopt_mp.envs.toolcalls import build_parser, clean_text
+from esopt_mp.chat.toolcalls import build_parser, clean_text
 from esopt_mp.envs.spec import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
@@ -143,7 +143,7 @@ class HeuristicSpec(EnvSpec):
         return {} if section.problem == "bpp_online" else {"problem": section.problem}
 
     def program_extractor(self):
-        from esopt_mp.envs.toolcalls import build_parser
+        from esopt_mp.chat.toolcalls import build_parser
 
         parser = build_parser("any")
         return lambda text: extract_code(text, parser)

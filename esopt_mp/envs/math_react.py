@@ -12,7 +12,7 @@ import json
 import random
 import re
 
-from esopt_mp.envs.toolcalls import MAX_CALLS, build_parser
+from esopt_mp.chat.toolcalls import MAX_CALLS, build_parser
 from esopt_mp.envs.spec import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 

@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
-from esopt_mp.envs.toolcalls import clean_text
+from esopt_mp.chat.toolcalls import clean_text
 
 SYSTEM = ("You are playing a text game or answering a question. Follow its instructions, and put your move or "
           "answer inside \\boxed{...} as they ask.")

@@ -28,7 +28,7 @@ import random
 import re
 from typing import Any
 
-from esopt_mp.envs.toolcalls import clean_text
+from esopt_mp.chat.toolcalls import clean_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LAST = re.compile(r"^ *\(\w+\) *\n?", re.MULTILINE)  # the render's "(Left)" line: the feedback names the action

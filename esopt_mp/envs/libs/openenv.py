@@ -39,7 +39,7 @@ from typing import Any
 from esopt_mp.envs.base import InfraError
 from esopt_mp.envs.libs.openenv_client import (ServerError, action_schema, client_class, find_json_object, healthy,
                                                http_base, refusal)
-from esopt_mp.envs.toolcalls import MAX_DEPTH, _depth, clean_text, clean_value
+from esopt_mp.chat.toolcalls import MAX_DEPTH, clean_text, clean_value, depth
 
 FORMATS = ("text", "json")
 RETURNS = ("sum", "last")
@@ -269,7 +269,7 @@ class OpenEnvEnv:
             value = find_json_object(text)
             if value is None:
                 return None, "no JSON object found in the reply"
-            if _depth(value) > MAX_DEPTH:
+            if depth(value) > MAX_DEPTH:
                 return None, f"the JSON object nests deeper than {MAX_DEPTH} levels"
             return clean_value(value), ""
         if self._pattern is None:

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
-from esopt_mp.envs.toolcalls import clean_text
+from esopt_mp.chat.toolcalls import clean_text
 
 SYSTEM = ("You are playing a text game. Read the game's messages and reply each turn with one move, in the "
           "format the game asks for (usually in square brackets, e.g. [5]).")

@@ -12,7 +12,7 @@ import math
 import re
 import urllib.parse
 
-from esopt_mp.envs.toolcalls import clean_value
+from esopt_mp.chat.toolcalls import clean_value
 
 # name -> (kinds of the required positional arguments, kinds of optional ones); "s" str, "n" number, "i" int,
 # "l" str or list of str

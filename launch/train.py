@@ -150,7 +150,7 @@ def main(hcfg: DictConfig) -> None:
             if cfg.algo.name == "es":
                 trainer = ESTrainer(cfg, dims)
             else:
-                from esopt_mp.baselines.trainer import BaselineTrainer
+                from esopt_mp.baseline_trainer import BaselineTrainer
 
                 trainer = BaselineTrainer(cfg, dims)
         except (StartupError, LedgerError, CheckpointError, RunFileError) as e:  # the environment cannot be

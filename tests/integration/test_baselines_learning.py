@@ -7,7 +7,7 @@ paper's lr 1e-6 (for a 4 B model) the return stayed at 0.16-0.31 over 10 steps. 
 """
 import torch
 
-from esopt_mp.baselines.trainer import BaselineTrainer
+from esopt_mp.baseline_trainer import BaselineTrainer
 from esopt_mp.config import build_config
 from esopt_mp.parallel import ParallelDims
 

@@ -25,7 +25,7 @@ def test_every_loop_setting_comes_from_the_env_section():
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_the_baseline_trainers_rollouts_use_the_env_sections_settings(tmp_path, algo):
-    from esopt_mp.baselines.trainer import BaselineTrainer, rollout_sampling
+    from esopt_mp.baseline_trainer import BaselineTrainer, rollout_sampling
 
     cfg = build_config({"model": {"path": "builtin:tiny_agent"}, "objective": {"name": "agent"}, "es": {"steps": 1},
                         "env": ENV, "algo": {"name": algo, "tasks_per_step": 1, "generations": 2},

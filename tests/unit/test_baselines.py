@@ -216,7 +216,7 @@ def test_default_config_composes_with_each_algo():
 
 def test_rollouts_sample_from_the_distribution_the_loss_scores():
     """top_p / top_k / min_p / presence penalty would make GRPO/PPO off-policy without an importance weight."""
-    from esopt_mp.baselines.trainer import rollout_sampling
+    from esopt_mp.baseline_trainer import rollout_sampling
     from esopt_mp.baselines.config import AlgoConfig
     from esopt_mp.engine.config import EngineConfig
 

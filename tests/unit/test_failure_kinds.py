@@ -69,7 +69,7 @@ def test_the_baselines_count_failure_kinds_in_their_step_log(tmp_path, monkeypat
     """GRPO plays the same envs: its step log counts the kinds too, and trains on the model's failures (they are
     returns), while the infrastructure's are dropped."""
     import esopt_mp.agent.episodes as episodes
-    from esopt_mp.baselines.trainer import BaselineTrainer
+    from esopt_mp.baseline_trainer import BaselineTrainer
     from esopt_mp.parallel import ParallelDims
 
     monkeypatch.setattr(episodes.EpisodePlayer, "make_env", lambda *a, **kw: Zero())

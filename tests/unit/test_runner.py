@@ -175,7 +175,7 @@ def test_a_baseline_run_dir_holding_a_stopped_run_is_refused(tmp_path):
     start is refused in one line instead of training from step 0 over it again."""
     import torch
 
-    from esopt_mp.baselines.trainer import BaselineTrainer
+    from esopt_mp.baseline_trainer import BaselineTrainer
     from esopt_mp.checkpoint import CheckpointError
     from esopt_mp.parallel import ParallelDims
 

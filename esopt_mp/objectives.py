@@ -14,11 +14,12 @@ math, ...) plug in through :class:`esopt_mp.agent.objective.AgentObjective`. The
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from esopt_mp.es.seeds import M64, splitmix64
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,8 @@ class SeedHash(_Episodeless):
 
 class TargetLogProb(_Episodeless):
     def __init__(self, cfg, model):
+        import torch  # here, not at import: the config validates objective names without torch
+
         self.model = model
         vocab_size = model.config.vocab_size
         g = torch.Generator().manual_seed(cfg.seed)
@@ -92,11 +95,13 @@ class TargetLogProb(_Episodeless):
         self.train_ids = torch.cat([train, train.repeat(1, reps)[:, : cfg.target_len]], 1)
         self.eval_ids = torch.cat([held, held.repeat(1, reps)[:, : cfg.target_len]], 1)
 
-    @torch.no_grad()
     def score(self, model, ids: torch.Tensor) -> float:
+        import torch
+
         device = next(model.parameters()).device
         ids = ids.to(device)
-        logits = model(input_ids=ids).logits
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
         logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
         logp = torch.log_softmax(logits[:, self.prompt_len - 1 : -1].float(), dim=-1)
         target = ids[:, self.prompt_len :]

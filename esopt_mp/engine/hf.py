@@ -69,7 +69,7 @@ class HFEngine:
                  prefill_call_tokens: int = 256):
         """``prefill_call_tokens``: what one forward call costs in prefilled tokens (the prefill plan's cost model)."""
         if not isinstance(prefill_call_tokens, int) or prefill_call_tokens < 0:
-            raise ValueError(f"engine.prefill_call_tokens must be an int >= 0, got {prefill_call_tokens!r}")
+            raise ValueError(f"HFEngine: prefill_call_tokens must be an int >= 0, got {prefill_call_tokens!r}")
         self.model, self.tokenizer = model, tokenizer
         self.prefix_reuse = prefix_reuse
         self.prefill_call_tokens = prefill_call_tokens

@@ -32,7 +32,7 @@ def _fresh_cost(rows: list[int], lengths: list[int], call_tokens: int) -> int:
 def plan_prefill(lengths: list[int], cached: list[int], call_tokens: int) -> PrefillPlan:
     """Rows ``i`` hold ``lengths[i]`` tokens, ``cached[i]`` of them in their cache (0: no cache)."""
     if call_tokens < 0:
-        raise ValueError(f"engine.prefill_call_tokens must be >= 0, got {call_tokens}")
+        raise ValueError(f"plan_prefill: call_tokens must be >= 0, got {call_tokens}")
     fresh = [i for i, c in enumerate(cached) if c == 0]
     by_new: dict[int, list[int]] = {}
     for i, (n, c) in enumerate(zip(lengths, cached)):

@@ -123,7 +123,9 @@ def test_plan_prefill_groups_equal_deltas_and_reencodes_when_cheaper():
     assert plan_prefill([105, 207], [100, 200], call_tokens=10 ** 6).reencode == [0, 1]  # 2 calls -> 1
     assert plan_prefill([105, 205], [100, 200], call_tokens=10 ** 6).groups == [(5, [0, 1])]  # 1 call either way
     assert plan_prefill([105, 205], [0, 0], call_tokens=0).groups == []
-    with pytest.raises(ValueError, match="prefill_call_tokens"):
+    with pytest.raises(ValueError, match="plan_prefill: call_tokens must be >= 0"):
         plan_prefill([5], [0], call_tokens=-1)
     with pytest.raises(ValueError, match="nothing new"):
         plan_prefill([5], [5], call_tokens=1)
+    with pytest.raises(ValueError, match="HFEngine: prefill_call_tokens"):  # an argument, not a config key
+        HFEngine(None, None, prefill_call_tokens=-1)

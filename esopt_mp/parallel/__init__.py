@@ -9,7 +9,7 @@ _EXPORTS = {
     "first_failure": "comm",
     "gather_returns": "comm", "shard_checksum": "comm", "ParallelDims": "dims", "close_distributed": "dims",
     "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
-    "MemberQueue": "schedule",
+    "MemberQueue": "member_queue",
     "cpu_threads": "launcher", "discover": "launcher", "first_slurm_host": "launcher",
 }
 __all__ = sorted(_EXPORTS)

@@ -13,7 +13,7 @@ from esopt_mp.typed import check, check_choice
 BACKENDS = ("auto", "nccl", "gloo")
 AUTO = "auto"  # parallel.dp: every rank the tp groups leave, world size / tp
 LAUNCHERS = ("auto", "deepspeed")
-SCHEDULES = ("dynamic", "static")  # which dp group evaluates which member (esopt_mp/parallel/schedule.py)
+SCHEDULES = ("dynamic", "static")  # which dp group evaluates which member (esopt_mp/parallel/member_queue.py)
 
 
 def check_layout(dp, tp, world_size: int | None = None) -> None:

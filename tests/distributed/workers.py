@@ -151,7 +151,7 @@ def schedule_worker(rank: int, world: int, model_path: str, run_dir: str, out_pa
                                        "ran": dims.comm.all_gather_object(ran)}
         trainer.close()
     if store is not None:  # every step's queue counter deleted once its returns were gathered
-        from esopt_mp.parallel.schedule import MemberQueue
+        from esopt_mp.parallel.member_queue import MemberQueue
 
         epoch = MemberQueue._epoch[1]
         result["queue_keys_left"] = [n for n in range(1, MemberQueue._made + 1)

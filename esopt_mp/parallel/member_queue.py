@@ -1,4 +1,4 @@
-"""Which dp group evaluates which member of a step (``parallel.schedule``).
+"""Which dp group evaluates which member of a step (the ``parallel.schedule`` setting).
 
 - ``static``: member m belongs to dp group m % dp, fixed before the step starts; a step waits for its slowest
   group even when the others are idle.

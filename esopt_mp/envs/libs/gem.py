@@ -29,6 +29,7 @@ from typing import Any
 
 from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
 from esopt_mp.chat.toolcalls import clean_text
+from esopt_mp.envs.libs.seeds import split_seeds
 
 SYSTEM = ("You are playing a text game or answering a question. Follow its instructions, and put your move or "
           "answer inside \\boxed{...} as they ask.")
@@ -174,13 +175,7 @@ class GemEnv:
     def tasks(cls, split: str, n: int, seed: int, id: str = "game:GuessTheNumber-v0-easy",  # noqa: A002
               **_) -> list[dict]:
         """``n`` seeds of ``split``, drawn from ``seed``: even for "train", odd for "eval" (never the same)."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        rng = random.Random(seed)
-        seeds = [2 * k + (split == "eval") for k in rng.sample(range(2 ** 30), n)]
-        return [{"id": f"{id}-s{s}", "seed": s} for s in seeds]
+        return [{"id": f"{id}-s{s}", "seed": s} for s in split_seeds(split, n, seed)]
 
     @classmethod
     def check(cls, id: str = "game:GuessTheNumber-v0-easy", kwargs: dict | None = None, **_) -> None:  # noqa: A002

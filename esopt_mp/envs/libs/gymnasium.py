@@ -24,11 +24,11 @@ own map, the library's ``generate_random_map`` of that size seeded by the task.
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
 from typing import Any
 
 from esopt_mp.chat.toolcalls import clean_text
+from esopt_mp.envs.libs.seeds import split_seeds
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LAST = re.compile(r"^ *\(\w+\) *\n?", re.MULTILINE)  # the render's "(Left)" line: the feedback names the action
@@ -134,15 +134,6 @@ class GymnasiumConfig:
             raise ValueError(f"{key}.invalid_reward: expected a finite number, got {self.invalid_reward!r}")
 
 
-def _seeds(split: str, n: int, seed: int) -> list[int]:
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    rng = random.Random(seed)
-    return [2 * k + (split == "eval") for k in rng.sample(range(2 ** 30), n)]
-
-
 def parse_action(text: str, names: tuple[str, ...], n: int, answer_format: str = "strict") -> int | None:
     """The action number ``text`` names (see the module docstring), or None."""
     found = _TAG.findall(text)
@@ -203,7 +194,7 @@ class GymnasiumEnv:
               random_map_size: int = 0, **_) -> list[dict]:
         """``n`` reset seeds of ``split`` drawn from ``seed`` (even for "train", odd for "eval"); with
         ``random_map_size`` each task's FrozenLake map too."""
-        tasks = [{"id": f"{id}-s{s}", "seed": s} for s in _seeds(split, n, seed)]
+        tasks = [{"id": f"{id}-s{s}", "seed": s} for s in split_seeds(split, n, seed)]
         if random_map_size:
             from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 

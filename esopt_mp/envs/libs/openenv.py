@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 import re
 import time
 from typing import Any
@@ -40,6 +39,7 @@ from esopt_mp.envs.base import InfraError
 from esopt_mp.envs.libs.openenv_client import (ServerError, action_schema, client_class, find_json_object, healthy,
                                                http_base, refusal)
 from esopt_mp.chat.toolcalls import MAX_DEPTH, clean_text, clean_value, depth
+from esopt_mp.envs.libs.seeds import split_seeds
 
 FORMATS = ("text", "json")
 RETURNS = ("sum", "last")
@@ -137,12 +137,7 @@ class OpenEnvEnv:
     @classmethod
     def tasks(cls, split: str, n: int, seed: int, **_) -> list[dict]:
         """``n`` reset seeds of ``split``, drawn from ``seed``: even for "train", odd for "eval" (never the same)."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        seeds = [2 * k + (split == "eval") for k in random.Random(seed).sample(range(2 ** 30), n)]
-        return [{"id": f"openenv-s{s}", "seed": s} for s in seeds]
+        return [{"id": f"openenv-s{s}", "seed": s} for s in split_seeds(split, n, seed)]
 
     @classmethod
     def check(cls, url: str = "", connect_timeout_s: float = 10.0, step_timeout_s: float = 60.0, **_) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
 from esopt_mp.chat.toolcalls import clean_text
+from esopt_mp.envs.libs.seeds import split_seeds
 
 SYSTEM = ("You are playing a text game. Read the game's messages and reply each turn with one move, in the "
           "format the game asks for (usually in square brackets, e.g. [5]).")
@@ -220,13 +221,7 @@ class TextArenaEnv:
     @classmethod
     def tasks(cls, split: str, n: int, seed: int, game: str = "GuessTheNumber-v0", **_) -> list[dict]:
         """``n`` game seeds of ``split``, drawn from ``seed``: even for "train", odd for "eval" (never the same)."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        rng = random.Random(seed)
-        seeds = [2 * k + (split == "eval") for k in rng.sample(range(2 ** 30), n)]
-        return [{"id": f"{game}-s{s}", "seed": s} for s in seeds]
+        return [{"id": f"{game}-s{s}", "seed": s} for s in split_seeds(split, n, seed)]
 
     @classmethod
     def check(cls, **section) -> None:

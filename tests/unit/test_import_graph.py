@@ -254,7 +254,7 @@ LAYERS = (
     ("baselines", "objectives"),
     ("config",),
     ("trainer", "baseline_trainer"),  # the ES trainer; the GRPO/PPO trainer
-    ("runner", "startup", "cli", "profiling", "drift", PKG),  # launch and tools support
+    ("runner", "startup", "cli", "commands", "profiling", "drift", PKG),  # launch and tools support
 )
 
 

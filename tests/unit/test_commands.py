@@ -1,0 +1,35 @@
+"""``esopt``: the verbs, a misspelt one, and a verb running its script in this process with its own exit status."""
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+from esopt_mp.commands import ROOT, VERBS, main
+
+
+def test_the_console_script_is_declared_and_every_verb_has_its_script():
+    project = tomllib.loads((Path(ROOT) / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["esopt"] == "esopt_mp.commands:main"
+    for verb, (script, _) in VERBS.items():
+        assert script is None or (Path(ROOT) / script).is_file(), verb
+
+
+def test_usage_lists_the_verbs_and_a_misspelt_one_is_one_line(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {v} " in out for v in VERBS)
+    assert main(["tran", "x=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown command 'tran' (did you mean 'train'?)" in err[0]
+
+
+def test_a_verb_runs_its_script_with_its_exit_status_and_restores_the_process(capsys, tmp_path):
+    argv, main_module = list(sys.argv), sys.modules["__main__"]
+    assert main(["replay", "--run-dir", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("esopt replay: error: ") and "no such run directory" in err
+    assert sys.argv == argv and sys.modules["__main__"] is main_module
+    assert main(["train", "--help"]) == 0
+    assert "usage:" in capsys.readouterr().out
+    assert main(["envs", "list"]) == 0
+    assert "sudoku" in json.loads(capsys.readouterr().out)["builtin"]

@@ -306,3 +306,13 @@ def test_packages_keep_their_layers():
     found = sorted(layer_violations(import_graph()))
     assert not found, ("imports against the package layers (a package imports only its own layer and those below; "
                        "no package cycle; a new package is placed in LAYERS):\n" + "\n".join(found))
+
+
+MAX_LINES = 400  # a file a newcomer reads in one sitting; a longer one is split by concern
+
+
+def test_no_python_file_is_longer_than_a_sitting():
+    top = ROOT.parent
+    long = sorted(f"{p.relative_to(top)}: {n} lines" for folder in (PKG, "tools", "launch", "tests")
+                  for p in (top / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"files over {MAX_LINES} lines (split them by concern):\n" + "\n".join(long)

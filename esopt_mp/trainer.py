@@ -103,7 +103,8 @@ class ESTrainer:
             from esopt_mp.engine.vllm import build_vllm
 
             self.model = None
-            engine, self.perturber, _ = build_vllm(cfg.engine, es, path, dims, cfg.model.dtype, cfg.run.seed)
+            engine, self.perturber, _ = build_vllm(cfg.engine, es, path, dims, cfg.model.dtype, cfg.run.seed,
+                                                   work_passes=noise_passes(es, dims.dp), cache_warm=_cache_warm(dims))
             self.tokenizer = engine.tokenizer
             try:
                 self._build_rest(cfg, dims, path, engine)

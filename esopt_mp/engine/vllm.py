@@ -258,8 +258,11 @@ class VLLMWeights:
         return self._local.is_perturbed
 
 
-def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int):
-    """(VLLMEngine, VLLMWeights, setup summary) for this rank: checks first, then one engine per dp group."""
+def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int, *, work_passes: float | None = None,
+               cache_warm: bool | None = None):
+    """(VLLMEngine, VLLMWeights, setup summary) for this rank: checks first, then one engine per dp group.
+    ``work_passes`` and ``cache_warm``: what the hf path gives its Perturber for ``es.noise_backend=auto`` (the run's
+    noise work, whether every rank's kernel cache is warm), so the workers decide as every rank does."""
     config = check_vllm_request(model_path, dims.tp, dtype)
     LLM, _ = import_vllm()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker lives in this process: rpc returns objects
@@ -279,7 +282,8 @@ def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int)
               max_model_len=engine_cfg.max_model_len or None, seed=seed, worker_extension_cls=WORKER_EXTENSION, **kw)
     spec = {"model_path": model_path, "sync": engine_cfg.weight_sync, "include": list(es_cfg.include),
             "exclude": list(es_cfg.exclude), "restore": es_cfg.restore, "master": es_cfg.master,
-            "chunk_elems": es_cfg.chunk_elems, "noise_backend": es_cfg.noise_backend}
+            "chunk_elems": es_cfg.chunk_elems, "noise_backend": es_cfg.noise_backend, "work_passes": work_passes,
+            "cache_warm": cache_warm}
     summary = llm.collective_rpc("esopt_setup", args=(spec,))[0]
     group = list(range(dims.rank - dims.tp_rank, dims.rank - dims.tp_rank + dims.tp))
     if (summary["vllm_tp_rank"], summary["vllm_tp_size"], summary["vllm_tp_ranks"]) != (dims.tp_rank, dims.tp, group):

@@ -212,12 +212,14 @@ class ESWorkerExtension:
         self._esopt_perturber = Perturber(local_shards(chosen, tensors), restore=spec.get("restore", "snapshot"),
                                           master=spec.get("master", "none"),
                                           chunk_elems=spec.get("chunk_elems", 1 << 24),
-                                          noise_backend=spec.get("noise_backend", "auto"))
+                                          noise_backend=spec.get("noise_backend", "auto"),
+                                          work_passes=spec.get("work_passes"), cache_warm=spec.get("cache_warm"))
         self._esopt_changed()  # the served-dtype values reach vLLM before the first generation
         unmapped = sum(math.prod(s) for s in runtime_shapes.values()) - sum(p.stop - p.start for p in pieces)
         return {"sync": sync, "pieces": len(pieces), "perturbed_pieces": len(chosen),
                 "numel": self._esopt_perturber.numel, "unmapped_elements": unmapped,
-                "runtime_tensors": len(runtime_shapes), "mirrored": sorted(mirrors), **_vllm_layout()}
+                "runtime_tensors": len(runtime_shapes), "mirrored": sorted(mirrors),
+                "noise_backends": sorted(set(self._esopt_perturber.backends.values())), **_vllm_layout()}
 
     # ------------------------------------------------------------------ ES ops (seeds in, nothing out)
     def esopt_perturb(self, seed: int, sigma: float, sign: int) -> None:

@@ -93,7 +93,10 @@ def real_model_agreement(rank: int, world: int, model_dir: str, out: str) -> Non
     dims = _dims(world)
     t0 = time.perf_counter()
     ecfg = EngineConfig(name="vllm", temperature=0.0, max_new_tokens=MAX_NEW, max_model_len=512, kv_cache_gib=0.25)
-    engine, weights, summary = V.build_vllm(ecfg, ESConfig(), model_dir, dims, "float32", 0)
+    # the run's noise work reaches the workers' auto backend: none to repay a compile (else 134M local elements
+    # would compile), as the hf path decides it
+    engine, weights, summary = V.build_vllm(ecfg, ESConfig(), model_dir, dims, "float32", 0, work_passes=0.0,
+                                            cache_warm=False)
     res["vllm_start_s"] = time.perf_counter() - t0
     res["summary"] = summary
     try:
@@ -176,6 +179,7 @@ def test_smollm2_vllm_agrees_with_hf_and_restores(tmp_path, monkeypatch):
     assert r["pieces"] > 0 and r["mapped_elements"] == r["checkpoint_elements"]
     assert r["summary"]["unmapped_elements"] == 0  # vocabulary 49152: a multiple of 64, vLLM pads nothing
     assert r["summary"]["numel"] == r["hf_numel"] == r["checkpoint_elements"]  # ES perturbs the same elements
+    assert r["summary"]["noise_backends"] == ["eager"]  # the run's (zero) noise work reached the workers
     assert r["base_mismatch"] == 0 and r["perturbed_mismatch"] == 0 and r["restored_mismatch"] == 0
     assert r["base_logprob_diff_vs_hf"] < LP_TOL and r["perturbed_logprob_diff_vs_hf"] < LP_TOL, r
     _ties_only(r["base_divergence"])

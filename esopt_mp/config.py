@@ -85,6 +85,9 @@ def open_sections(overrides: list[str]) -> list[str]:
     return out
 
 
+EPISODIC = ("agent", "harness")  # the objectives that play episodes (ObjectiveConfig.episodic)
+
+
 @dataclasses.dataclass
 class ObjectiveConfig:
     name: str = "target_logprob"
@@ -102,6 +105,12 @@ class ObjectiveConfig:
     failure_return: float = 0.0  # what an episode the harness failed scores
     env: list[str] = dataclasses.field(default_factory=list)  # the trainer's variables a command gets, by name
     openai_env: str = "member"  # "user": the trainer's own OPENAI_* reach a command; the member is ESOPT_* only
+
+    @property
+    def episodic(self) -> bool:
+        """Whether members are scored by played episodes (``agent``: the in-process loop; ``harness``: the user's
+        program against the member's endpoint), not by a function of the weights: the one place that says so."""
+        return self.name in EPISODIC
 
     def validate(self, key: str = "objective") -> None:
         from esopt_mp.objectives import OBJECTIVES
@@ -169,7 +178,7 @@ class TrainConfig:
         if self.engine.name == "vllm":
             check(self.algo.name == "es", "engine.name",
               f"engine=vllm serves ES rollouts; algo={self.algo.name} trains through the hf engine")
-            check(self.objective.name in ("agent", "harness"), "engine.name",
+            check(self.objective.episodic, "engine.name",
               f"engine=vllm plays agent episodes: needs objective=agent or harness, got {self.objective.name!r}")
         if self.prompt.optimiser == "skill":
             check(self.objective.name == "agent", "prompt.optimiser",

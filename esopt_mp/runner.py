@@ -162,6 +162,6 @@ def run_title(cfg: TrainConfig) -> str:
         pop = f"G={cfg.es.population}, sigma {cfg.es.sigma.start:.1e}->{cfg.es.sigma.end:.1e} ({cfg.es.sigma.kind})"
     else:
         pop = f"lr {cfg.algo.lr:.1e}"
-    what = cfg.env.name if cfg.objective.name in ("agent", "harness") else cfg.objective.name
+    what = cfg.env.name if cfg.objective.episodic else cfg.objective.name
     return (f"{os.path.basename(os.path.abspath(cfg.run.dir))}: {algo} on {what}, {model}, {pop}, "
             f"dp={cfg.parallel.dp} tp={cfg.parallel.tp}")

@@ -148,7 +148,7 @@ def check_same_run(cfg) -> str | None:
 
 
 def agent_objective(cfg) -> bool:
-    return cfg.objective.name in ("agent", "harness")
+    return cfg.objective.episodic
 
 
 def check_start(cfg) -> None:
@@ -193,7 +193,7 @@ def dry_run(cfg, world_size: int) -> list[str]:
         except (ValueError, RuntimeError, OSError) as e:
             raise StartupError(str(e)) from None
         lines.append("engine: vllm importable, the model's architecture mapped")
-    if cfg.objective.name in ("agent", "harness"):
+    if cfg.objective.episodic:
         env = cfg.env
         if cfg.objective.name == "agent":
             try:

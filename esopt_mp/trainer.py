@@ -95,7 +95,7 @@ class ESTrainer:
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank,
                                      cfg.run.loggers, cfg.to_dict())
-        path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.name in ("agent", "harness"))
+        path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.episodic)
         self.base_path = path
         es = cfg.es
         self.tokenizer = None

@@ -7,9 +7,10 @@
     esopt bench [--quick]                # the benchmark suite (JSON)
     esopt bench-learning [...]           # ES, GRPO and PPO at an equal episode budget on a (model, task) pair
 
-Each verb runs the script it names with the rest of the command line, in this process, so its options, output and
-exit status are the script's. The scripts live in the source checkout beside ``esopt_mp/`` (``launch/``,
-``tools/``, ``configs/``): the command is for an editable install, and says so in one line elsewhere.
+Each verb runs the script it names with the rest of the command line, in this process and as that script (its
+``sys.argv[0]``), so its options, output, exit status and any re-execution of itself are the script's. The
+scripts live in the source checkout beside ``esopt_mp/`` (``launch/``, ``tools/``, ``configs/``): the command is
+for an editable install, and says so in one line elsewhere.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
               f"checkout installed with pip install -e .", file=sys.stderr)
         return 2
     saved_argv, saved_main = sys.argv, sys.modules["__main__"]
-    sys.argv = [f"esopt {verb}", *rest]  # argparse names the command as the user typed it
+    sys.argv = [path, *rest]  # as if run as a script: one that re-executes itself (a network namespace) can
     module = types.ModuleType("__main__")
     module.__file__ = path  # the script finds the checkout (configs/, esopt_mp/) from its own path
     sys.modules["__main__"] = module

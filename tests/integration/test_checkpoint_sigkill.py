@@ -8,13 +8,13 @@ import pytest
 
 from esopt_mp import checkpoint as ck
 from esopt_mp import resume
-from tests.unit.test_checkpoint import DIMS, ROOT, _equal, entries, full_state, perturber, states_at
+from tests.fixtures.checkpoints import DIMS, ROOT, _equal, entries, full_state, perturber, states_at
 
 
 _CHILD = r"""
 import os, shutil, signal, sys, threading, time
 from esopt_mp import checkpoint as ck
-from tests.unit.test_checkpoint import DIMS, perturber, states_at
+from tests.fixtures.checkpoints import DIMS, perturber, states_at
 run, point = sys.argv[1], sys.argv[2]
 ref = states_at(4)
 ck.save_checkpoint(run, 2, perturber(ref[2]), DIMS, keep=1)

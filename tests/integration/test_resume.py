@@ -115,7 +115,7 @@ def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
     assert ex.returncode == 0, ex.stderr[-2000:]
     c = _weights(tmp_path / "ex")
     assert all(torch.equal(a[k], c[k]) for k in a)
-    from tests.unit.test_checkpoint import _plant  # a code-running .metadata in every checkpoint of a copy of the run
+    from tests.fixtures.checkpoints import _plant  # a code-running .metadata in every checkpoint of a copy of the run
 
     planted, marker = tmp_path / "planted", tmp_path / "code_ran"
     shutil.copytree(run, planted)

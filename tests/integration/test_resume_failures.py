@@ -43,7 +43,7 @@ def test_close_abandons_a_write_still_inside_its_group(tmp_path):
     from esopt_mp import checkpoint as ck
     from esopt_mp.parallel import ParallelDims
     from tests.integration.resume_workers import abandoned_save_worker
-    from tests.unit.test_checkpoint import perturber, states_at
+    from tests.fixtures.checkpoints import perturber, states_at
 
     run = str(tmp_path / "run")
     run_world(2, abandoned_save_worker, run, str(tmp_path / "closed"), timeout=240)

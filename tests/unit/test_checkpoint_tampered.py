@@ -7,35 +7,8 @@ import torch
 
 from esopt_mp import checkpoint as ck
 from esopt_mp import resume
-from tests.fixtures.checkpoints import DIMS, _equal, entries, full_state, perturber, save_layout, states_at
-
-
-class _Planted:
-    """A pickle that runs code when loaded: it creates the directory ``marker``."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
-
-
-def _plant(path, marker, manifest_too: bool = False, fmt: int | None = None):
-    """Put a code-running ``.metadata`` pickle into checkpoint ``path``; ``manifest_too``: and list it in the manifest
-    with its true size and SHA-256, as anyone who can write the run directory can."""
-    import pickle
-
-    from esopt_mp.identity import file_sha256
-
-    meta = os.path.join(path, ck.DCP_METADATA)
-    with open(meta, "wb") as f:
-        pickle.dump(_Planted(marker), f)
-    if manifest_too or fmt is not None:
-        man = json.load(open(os.path.join(path, ck.MANIFEST)))
-        man["files"][ck.DCP_METADATA] = {"bytes": os.path.getsize(meta), "sha256": file_sha256(meta)}
-        if fmt is not None:
-            man["format"] = fmt
-        json.dump(man, open(os.path.join(path, ck.MANIFEST), "w"))
+from tests.fixtures.checkpoints import (DIMS, _equal, _plant, entries, full_state, perturber, save_layout,
+                                       states_at)
 
 
 def test_a_planted_metadata_pickle_is_never_loaded(tmp_path):

@@ -27,7 +27,7 @@ def test_a_verb_runs_its_script_with_its_exit_status_and_restores_the_process(ca
     argv, main_module = list(sys.argv), sys.modules["__main__"]
     assert main(["replay", "--run-dir", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("esopt replay: error: ") and "no such run directory" in err
+    assert err.startswith("replay.py: error: ") and "no such run directory" in err and len(err.splitlines()) == 1
     assert sys.argv == argv and sys.modules["__main__"] is main_module
     assert main(["train", "--help"]) == 0
     assert "usage:" in capsys.readouterr().out

@@ -132,7 +132,7 @@ def test_config_section_validated_with_the_key_named():
 
 
 def test_envs_never_import_agent_models_engine_or_parallel():
-    """The dependency rule: tool-call parsing lives in envs/toolcalls.py, the agent re-exports it."""
+    """The dependency rule: tool-call parsing lives in chat/toolcalls.py, below both envs and the agent."""
     import ast
 
     import esopt_mp.envs

@@ -238,7 +238,7 @@ def test_envs_import_no_layer_above():
     assert not bad, "esopt_mp.envs must not depend on the layers above it:\n" + "\n".join(bad)
 
 
-# The package layers, bottom to top (docs/design.md, "Layers"). A package may import its own layer and the layers
+# The package layers, bottom to top (docs/design.md, "Dependency rules"). A package may import its own layer and the layers
 # below it, never one above, and the package graph has no cycle. A new package or top-level module must be placed.
 LAYERS = (
     ("core", "typed", "lazy"),  # shared words: errors, failure kinds, config typing

@@ -16,7 +16,24 @@ if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
 
 
+# What a test needs is said by its folder: ``-m "not slow"`` runs the in-process suite, ``-m distributed`` the
+# spawned worlds, ``-m "not browser and not vllm"`` leaves out the stacks that need their own environment.
+FOLDER_MARKERS = {
+    "unit": ("unit",),
+    "integration": ("process", "slow"),
+    "distributed": ("distributed", "process", "slow"),
+    "gpu": ("gpu",),
+    "vllm": ("vllm", "process", "slow"),
+    "web": ("browser", "process", "slow"),
+}
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS).split(os.sep)
+        for name in FOLDER_MARKERS.get(rel[0], ()) if len(rel) > 1 else ():
+            item.add_marker(name)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -15,8 +15,8 @@ for an editable install, and says so in one line elsewhere.
 from __future__ import annotations
 
 import os
+import runpy
 import sys
-import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # verb -> (the script under the checkout, one line of help)
@@ -59,21 +59,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"esopt {verb}: {script} is not beside the installed package ({ROOT}): 'esopt' runs from a source "
               f"checkout installed with pip install -e .", file=sys.stderr)
         return 2
-    saved_argv, saved_main = sys.argv, sys.modules["__main__"]
-    sys.argv = [path, *rest]  # as if run as a script: one that re-executes itself (a network namespace) can
-    module = types.ModuleType("__main__")
-    module.__file__ = path  # the script finds the checkout (configs/, esopt_mp/) from its own path
-    sys.modules["__main__"] = module
+    saved_argv = sys.argv
+    sys.argv = [path, *rest]  # runpy sets argv[0] and __main__ as a script run sees them, and restores both
     try:
-        with open(path, encoding="utf-8") as f:
-            code = compile(f.read(), path, "exec")
-        exec(code, module.__dict__)
+        runpy.run_path(path, run_name="__main__")
     except SystemExit as e:  # the script's own exit: its status, its message (a string) on stderr
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        sys.argv, sys.modules["__main__"] = saved_argv, saved_main
+        sys.argv = saved_argv
     return 0
 
 

@@ -55,7 +55,7 @@ def clean_value(v):
     return v
 
 
-def _depth(v) -> int:
+def depth(v) -> int:
     """How deeply ``v`` nests lists and objects (iterative: a deep value must not recurse here either)."""
     deepest, todo = 0, [(v, 0)]
     while todo:
@@ -94,7 +94,7 @@ class HermesJSONParser:
                     args = json.loads(args)
                 if not isinstance(obj["name"], str) or not isinstance(args, dict):
                     raise TypeError("'name' must be a string and 'arguments' an object")
-                if _depth(args) > MAX_DEPTH:
+                if depth(args) > MAX_DEPTH:
                     raise RecursionError
                 calls.append(ToolCall(clean_text(obj["name"]), clean_value(args)))
             except (KeyError, TypeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
@@ -124,11 +124,6 @@ def blocks(text: str):
     endpoint parses block by block, so a malformed block stays in the reply's content as text."""
     for m in _BLOCK.finditer(text):
         yield m.span(), m.group(0)
-
-
-def depth(v) -> int:
-    """How deeply a decoded JSON value nests (a value deeper than :data:`MAX_DEPTH` is refused)."""
-    return _depth(v)
 
 
 PARSERS = {"qwen_xml": QwenXMLParser, "hermes": HermesJSONParser, "any": AnyParser}

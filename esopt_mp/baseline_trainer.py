@@ -25,6 +25,7 @@ import torch
 
 from esopt_mp.agent.loop import build_agent_config
 from esopt_mp.baselines import build_baseline, build_token_batch
+from esopt_mp.build import build_engine, build_tokenizer
 from esopt_mp.checkpoint import CheckpointError
 from esopt_mp.resume import agree_on_failure
 from esopt_mp.config import TrainConfig
@@ -53,11 +54,8 @@ def rollout_sampling(engine_cfg, algo_cfg) -> SamplingParams:
 
 class BaselineTrainer:
     def __init__(self, cfg: TrainConfig, dims: ParallelDims):
-        from transformers import AutoTokenizer
-
         from esopt_mp.agent.episodes import EpisodePlayer
         from esopt_mp.agent.held_out import HeldOut
-        from esopt_mp.engine.hf import HFEngine
 
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
@@ -71,9 +69,9 @@ class BaselineTrainer:
                                      cfg.run.loggers, cfg.to_dict())
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
         self.model = load_model(path, dims, cfg.model.dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = build_tokenizer(path)
         traj = trajectories_file(cfg, dims.rank)
-        engine = HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
+        engine = build_engine(cfg, self.model, self.tokenizer)
         self.player = EpisodePlayer(cfg.env, cfg.engine, self.seed, engine, dims, traj)
         self.held_out = HeldOut(self.player)
         self.rollout_cfg = build_agent_config(cfg.env, rollout_sampling(cfg.engine, cfg.algo))
@@ -120,10 +118,7 @@ class BaselineTrainer:
 
     def evaluate(self) -> float:
         """Held-out Mean@k with the current weights; its detail (Pass@k, failures) to metrics, as ES writes it."""
-        score, detail = self.held_out.evaluate()
-        if detail:
-            self.metrics.write({"eval_detail": detail})
-        return score
+        return self.metrics.held_out(self.held_out.evaluate())
 
     def step(self, t: int) -> dict:
         t0 = time.perf_counter()

@@ -7,10 +7,11 @@
     esopt bench [--quick]                # the benchmark suite (JSON)
     esopt bench-learning [...]           # ES, GRPO and PPO at an equal episode budget on a (model, task) pair
 
-Each verb runs the script it names with the rest of the command line, in this process and as that script (its
-``sys.argv[0]``), so its options, output, exit status and any re-execution of itself are the script's. The
-scripts live in the source checkout beside ``esopt_mp/`` (``launch/``, ``tools/``, ``configs/``): the command is
-for an editable install, and says so in one line elsewhere.
+``replay``, ``export`` and ``envs`` are functions of the package. ``train`` and the benchmarks run the script they
+name with the rest of the command line, in this process and as that script (its ``sys.argv[0]``), so its options,
+output, exit status and any re-execution of itself are the script's. Those scripts live in the source checkout
+beside ``esopt_mp/`` (``launch/``, ``tools/``, ``configs/``): they need an editable install, and say so in one
+line elsewhere.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ import runpy
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# verb -> (the script under the checkout, one line of help)
+# verb -> (a script under the checkout, or "module:function" of the package; one line of help)
 VERBS = {
     "train": ("launch/train.py", "train (ES, or algo=grpo|ppo); Hydra overrides, --help for the main keys"),
-    "replay": ("tools/replay.py", "rebuild a run's weights from its base model and ledger"),
-    "export": ("tools/export_hf.py", "write a run's weights as a plain Hugging Face directory"),
-    "envs": (None, "list, show and check environments"),
+    "replay": ("esopt_mp.replay:main", "rebuild a run's weights from its base model and ledger"),
+    "export": ("esopt_mp.replay:main_export", "write a run's weights as a plain Hugging Face directory"),
+    "envs": ("esopt_mp.envs.__main__:main", "list, show and check environments"),
     "bench": ("tools/bench.py", "the benchmark suite: noise, ES overhead, throughput, comm, memory, rollout"),
     "bench-learning": ("tools/bench_learning.py", "ES, GRPO and PPO at an equal episode budget, held-out curves"),
 }
@@ -50,10 +51,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     script = VERBS[verb][0]
-    if script is None:  # envs: a module of the package
-        from esopt_mp.envs.__main__ import main as envs_main
+    if ":" in script:  # a function of the package
+        import importlib
 
-        return envs_main(rest)
+        module, _, func = script.partition(":")
+        fn = getattr(importlib.import_module(module), func)
+        try:
+            return fn(rest, prog=f"esopt {verb}")
+        except SystemExit as e:  # argparse's --help and usage errors
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     path = os.path.join(ROOT, script)
     if not os.path.isfile(path):
         print(f"esopt {verb}: {script} is not beside the installed package ({ROOT}): 'esopt' runs from a source "

@@ -46,6 +46,14 @@ class MetricsWriter:
 
                 self.trackers = build_trackers(list(loggers), os.path.dirname(os.path.abspath(path)), config or {})
 
+    def held_out(self, result: tuple[float, dict | None]) -> float:
+        """A held-out evaluation's ``(score, detail)``: the detail (Mean@k/Pass@k, failures) written as an
+        ``eval_detail`` record, the score returned (every trainer's ``evaluate``)."""
+        score, detail = result
+        if detail:
+            self.write({"eval_detail": detail})
+        return score
+
     def write(self, record: dict) -> None:
         if not self.enabled:
             return

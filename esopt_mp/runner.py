@@ -63,6 +63,20 @@ class Trainer(Protocol):
     def close(self) -> None: ...
 
 
+# algo.name -> its trainer ("module:Class", imported when asked for)
+TRAINERS = {"es": "esopt_mp.trainer:ESTrainer", "grpo": "esopt_mp.baseline_trainer:BaselineTrainer",
+            "ppo": "esopt_mp.baseline_trainer:BaselineTrainer"}
+
+
+def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
+    """The trainer of ``cfg.algo.name``: ES, or the GRPO/PPO baseline trainer (both build their parts with
+    :mod:`esopt_mp.build`)."""
+    import importlib
+
+    module, _, cls = TRAINERS[cfg.algo.name].partition(":")
+    return getattr(importlib.import_module(module), cls)(cfg, dims)
+
+
 class Stop:
     """A stop request (SIGUSR1 / SIGTERM by default): the run checkpoints after the current step and returns.
 

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 
+from esopt_mp.build import OBJECTIVE_KINDS
 from esopt_mp.core.errors import StartupError
 from esopt_mp.runfiles import check_no_links
 
@@ -173,14 +174,6 @@ def dry_run(cfg, world_size: int) -> list[str]:
     same = check_same_run(cfg)
     if same:
         lines.append(same)
-    if cfg.objective.name == "harness" and cfg.objective.command:
-        from esopt_mp.agent.harness_run import command_argv
-
-        try:
-            command_argv(cfg.objective.command)
-        except Exception as e:  # noqa: BLE001 - HarnessError: the program cannot be found
-            raise StartupError(str(e)) from None
-        lines.append(f"harness: {cfg.objective.command}")
     if cfg.run.loggers:
         from esopt_mp.trackers import check_can_start
 
@@ -193,27 +186,13 @@ def dry_run(cfg, world_size: int) -> list[str]:
         except (ValueError, RuntimeError, OSError) as e:
             raise StartupError(str(e)) from None
         lines.append("engine: vllm importable, the model's architecture mapped")
-    if cfg.objective.episodic:
-        env = cfg.env
-        if cfg.objective.name == "agent":
-            try:
-                env.spec.check(env.section, env, first=True)
-            except Exception as e:  # noqa: BLE001 - whatever the env's check raised, in one line
-                raise StartupError(f"env.name={env.name}: the start-up check failed: {type(e).__name__}: {e}") \
-                    from None
-            lines.append(f"env: {env.name} start-up check passed"
-                         + (f" (sandbox level {env.sandbox.level})" if env.spec.runs_code else ""))
+    kind = OBJECTIVE_KINDS[cfg.objective.name]  # the objective's own checks and tasks, as the build reads them
+    lines += kind.check(cfg)
+    if kind.tasks is not None:
         try:
-            if cfg.objective.name == "harness":
-                from esopt_mp.agent.harness import harness_tasks
-
-                train, held = harness_tasks(cfg.objective, env)
-            else:
-                from esopt_mp.agent.episodes import load_tasks
-
-                train, held = load_tasks(env)
+            train, held = kind.tasks(cfg)
         except Exception as e:  # noqa: BLE001 - too few tasks, a bad file, a source that failed
-            raise StartupError(f"env.name={env.name}: its tasks: {type(e).__name__}: {e}") from None
+            raise StartupError(f"env.name={cfg.env.name}: its tasks: {type(e).__name__}: {e}") from None
         lines.append(f"tasks: {len(train)} training, {len(held)} held-out")
     return lines
 

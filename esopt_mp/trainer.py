@@ -28,21 +28,22 @@ from tqdm.auto import tqdm
 from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps
 from esopt_mp.resume import agree_on_failure, restore_run_
 from esopt_mp.checkpoint_export import export_checkpoint
+from esopt_mp.build import build_objective, build_weights
 from esopt_mp.config import TrainConfig
 from esopt_mp.core.errors import FAILURE_KINDS, StartupError
-from esopt_mp.es import Perturber, Schedule, population, shape_returns
+from esopt_mp.es import Schedule, population, shape_returns
 from esopt_mp.es.perturber import exact_restore
 from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.ledger import updates_digest
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.progress import interactive
-from esopt_mp.models import build_shards, load_model, resolve_model_dir
+from esopt_mp.models import resolve_model_dir
 from esopt_mp.models.export import export_hf
-from esopt_mp.objectives import Member, build_objective
+from esopt_mp.objectives import Member
 from esopt_mp.parallel import CommStats, MemberQueue, ParallelDims, check_replicas, gather_returns
 from esopt_mp.es.heap import malloc_trim
 from esopt_mp.health import Health
-from esopt_mp.runfiles import trajectories_file, write_config
+from esopt_mp.runfiles import write_config
 
 log = logging.getLogger(__name__)
 
@@ -97,40 +98,25 @@ class ESTrainer:
                                      cfg.run.loggers, cfg.to_dict())
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=cfg.objective.episodic)
         self.base_path = path
-        es = cfg.es
-        self.tokenizer = None
-        if cfg.engine.name == "vllm":  # vLLM holds the weights; its workers run the same Perturber on them
-            from esopt_mp.engine.vllm import build_vllm
-
-            self.model = None
-            engine, self.perturber, _ = build_vllm(cfg.engine, es, path, dims, cfg.model.dtype, cfg.run.seed,
-                                                   work_passes=noise_passes(es, dims.dp), cache_warm=_cache_warm(dims))
-            self.tokenizer = engine.tokenizer
-            try:
-                self._build_rest(cfg, dims, path, engine)
-            except BaseException:
+        self.model, self.perturber, engine = build_weights(cfg, dims, path, work_passes=noise_passes(cfg.es, dims.dp),
+                                                           cache_warm=_cache_warm(dims))
+        try:
+            self._build_rest(cfg, dims, path, engine)
+        except BaseException:
+            if engine is not None:
                 engine.close()  # before the launcher's process groups go (vLLM's exit hook would fail after)
-                raise
-        else:
-            self.model = load_model(path, dims, cfg.model.dtype)
-            self.perturber = Perturber(build_shards(self.model, es.include, es.exclude), restore=es.restore,
-                                       master=es.master, chunk_elems=es.chunk_elems, noise_backend=es.noise_backend,
-                                       work_passes=noise_passes(es, dims.dp), cache_warm=_cache_warm(dims),
-                                       decay_to=es.decay_to)  # theta0: the base weights, before any resume
-            self._build_rest(cfg, dims, path, None)
+            raise
 
     def _build_rest(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
         """Objective, schedules, ledger and resume: the same for both engines."""
         es = cfg.es
         self.shards = self.perturber.shards
         self._host_weights = any(s.tensor.device.type == "cpu" for s in self.shards)
-        self.engine, self.context = None, None  # the agent's engine; the context optimiser's side (prompt.*)
-        if cfg.objective.name == "agent":
-            self._build_agent(cfg, dims, path, engine)
-        elif cfg.objective.name == "harness":
-            self._build_harness(cfg, dims, path, engine)
-        else:
-            self.objective = build_objective(cfg.objective, self.model)
+        built = build_objective(cfg, dims, path, model=self.model, engine=engine,
+                                tokenizer=getattr(engine, "tokenizer", None))
+        # the episode engine (None: no episodes); the context optimiser's side (prompt.*)
+        self.objective, self.engine, self.context, self.tokenizer = built.objective, built.engine, built.context, \
+            built.tokenizer
         self.sigma = _schedule(es.sigma, es.steps)
         self.alpha = _schedule(es.alpha, es.steps)
         self.identity = config_identity(cfg, path)
@@ -143,52 +129,6 @@ class ESTrainer:
         self.health = Health(cfg.run.degenerate_steps, cfg.run.stop_on_degenerate)
         log.info("ES on %d local parameters in %d tensors (%s restore, master %s), starting at step %d",
                  self.perturber.numel, len(self.shards), es.restore, es.master, self.start_step)
-
-    def _build_agent(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
-        """The episode player on ``engine`` (vllm) or an hf engine on the model; the context run, if configured, built
-        on the player (skill hooks, the seed program's fitness); the objective on both."""
-        from transformers import AutoTokenizer
-
-        from esopt_mp.agent.episodes import EpisodePlayer
-        from esopt_mp.agent.objective import AgentObjective
-        from esopt_mp.engine.hf import HFEngine
-
-        self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
-        engine = engine or HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
-        traj = trajectories_file(cfg, dims.rank)
-        search = cfg.prompt.optimiser not in ("none", "skill")  # program search: fitness compared across programs
-        player = EpisodePlayer(cfg.env, cfg.engine, cfg.run.seed, engine, dims, traj, fixed_task=search)
-        self.engine = player.engine
-        if cfg.prompt.optimiser != "none":
-            from esopt_mp.prompt.run import ContextRun
-
-            ref, hooks, fit, thought = "", None, None, ""
-            if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
-                from esopt_mp.agent import skill_hooks as skill
-
-                hooks = skill.skill_hooks(player, cfg.prompt.skill)
-            else:
-                ref, thought = cfg.env.spec.search_seed(cfg.env.section)  # the seed program and what it does
-                # the seed competes with its fitness (evaluated once, outside the program budget), not unscored
-                fit = player.score_program(ref)
-                log.info("seed program fitness %s (evaluated once, not counted in the budget)", fit)
-            self.context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit,
-                                      seed_thought=thought)
-        self.objective = AgentObjective(player, self.context)
-
-    def _build_harness(self, cfg: TrainConfig, dims: ParallelDims, path: str, engine) -> None:
-        """An hf engine on the model (or ``engine``, vllm's), served by an endpoint on each TP leader while a member
-        is evaluated; the harness plays against it (esopt_mp/agent/harness.py)."""
-        from transformers import AutoTokenizer
-
-        from esopt_mp.agent.harness import build_harness
-        from esopt_mp.engine.hf import HFEngine
-
-        self.tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(path)
-        engine = engine or HFEngine(self.model, self.tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
-        traj = trajectories_file(cfg, dims.rank)
-        self.objective = build_harness(cfg, engine, dims, traj)
-        self.engine = self.objective.player.engine
 
     # ------------------------------------------------------------------ build
     def _resume(self) -> int:
@@ -240,10 +180,7 @@ class ESTrainer:
 
     def evaluate(self) -> float:
         """Held-out return with the unperturbed weights (sigma = 0); agent objectives' Mean@k/Pass@k to metrics."""
-        score, detail = self.objective.evaluate_held_out()
-        if detail:
-            self.metrics.write({"eval_detail": detail})
-        return score
+        return self.metrics.held_out(self.objective.evaluate_held_out())
 
     def step(self, t: int) -> dict:
         es, dims = self.cfg.es, self.dims

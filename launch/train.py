@@ -111,9 +111,8 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.parallel import close_distributed, cpu_threads, discover, init_distributed
     from esopt_mp.parallel.comm import lost_peer
     from esopt_mp.runfiles import RunFileError
-    from esopt_mp.runner import run
+    from esopt_mp.runner import build_trainer, run
     from esopt_mp.startup import check_start, dry_run
-    from esopt_mp.trainer import ESTrainer
 
     launch = discover()
     setup_logging(launch.rank)
@@ -147,12 +146,7 @@ def main(hcfg: DictConfig) -> None:
     trainer, code, summary = None, 0, None
     try:
         try:
-            if cfg.algo.name == "es":
-                trainer = ESTrainer(cfg, dims)
-            else:
-                from esopt_mp.baseline_trainer import BaselineTrainer
-
-                trainer = BaselineTrainer(cfg, dims)
+            trainer = build_trainer(cfg, dims)  # ES, or the GRPO/PPO baseline trainer
         except (StartupError, LedgerError, CheckpointError, RunFileError) as e:  # the environment cannot be
             print(f"error: {e}", file=sys.stderr)  # played here (its sandbox, browsers, server, tasks), or the run.dir
             code = 2  # holds another run (its config hash), a checkpoint that cannot be resumed or a link: one line

@@ -101,7 +101,7 @@ def _summary(parts: list[dict], key: str, steps: int = 1) -> dict:
 
 
 def run(layouts, steps: int) -> dict:
-    from tools.local_world import run_world
+    from esopt_mp.parallel.local_world import run_world
 
     result = {"lo_isolated": os.environ.get("ESOPT_BENCH_NETNS") == "1", "steps": steps, "layouts": {},
               "note": "kernel = loopback tx bytes (payload + TCP/IP headers + ACKs, every collective of every rank); "

@@ -79,7 +79,7 @@ def export_memory_worker(rank: int, world: int, path: str, out_dir: str, shard_f
 
 
 def measure(path: str, tmp: str, tp: int, shard_fraction: float) -> dict:
-    from tools.local_world import run_world
+    from esopt_mp.parallel.local_world import run_world
 
     out = os.path.join(tmp, f"export_tp{tp}")
     res = os.path.join(tmp, f"mem_tp{tp}")

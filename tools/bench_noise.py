@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from esopt_mp.es import Perturber, local_noise, member_seed  # noqa: E402
 from esopt_mp.es.shard import LocalShard, ShardInfo  # noqa: E402
-from tools.ulp import ulp_drift  # noqa: E402
+from esopt_mp.es.ulp import ulp_drift  # noqa: E402
 
 MIB = 1 << 20
 

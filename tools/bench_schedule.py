@@ -98,7 +98,7 @@ def worker(rank: int, world: int, out_dir: str, steps: int, population: int, med
 
 
 def run(dps: list[int], steps: int, population: int, median: float, sigma: float, episodes: int) -> dict:
-    from tools.local_world import run_world
+    from esopt_mp.parallel.local_world import run_world
 
     out = {"env": {"episode_wait": "log-normal", "median_s": median, "log_sd": sigma, "episodes_per_member": episodes},
            "population": population, "steps": steps, "layouts": {}, "headline": {}}

@@ -110,8 +110,8 @@ def check(name: str, pairs: list[str], replies: list[str], max_turns: int, n_tra
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m esopt_mp.envs", description=__doc__.split("\n")[0])
+def main(argv=None, prog: str = "python -m esopt_mp.envs") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="built-in environments and installed plugins")
     show = sub.add_parser("show", help="an environment's section: keys and defaults")

@@ -8,7 +8,7 @@ _EXPORTS = {
     "fill_": "noise", "gaussian": "noise", "local_noise": "noise", "stream": "noise",
     "Perturber": "perturber", "build_local_shards": "perturber",
     "Schedule": "schedules", "member_seed": "seeds", "population": "seeds", "splitmix64": "seeds",
-    "shape_returns": "shaping",
+    "shape_returns": "shaping", "WeightOps": "weight_ops",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 
 pytestmark = pytest.mark.slow
 TINY = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent"))

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 from tests.distributed import collective_workers
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 
 pytestmark = pytest.mark.slow
 AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")

@@ -25,7 +25,7 @@ def shard_worker(rank: int, world: int, path: str, out: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_shard_bytes_equal_a_real_tp2_load(tmp_path, tied):
-    from tools.local_world import run_world
+    from esopt_mp.parallel.local_world import run_world
 
     # an odd vocabulary: the embedding / lm_head rows do not split evenly (rank 0 holds the larger chunk)
     kw = dict(vocab_size=515, tie_word_embeddings=tied)

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from tools.local_world import free_port, run_world
+from esopt_mp.parallel.local_world import free_port, run_world
 from tests.unit.test_prompt_skill import reply_json
 
 pytestmark = pytest.mark.slow

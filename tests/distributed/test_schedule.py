@@ -4,7 +4,7 @@ import torch
 
 from esopt_mp.models import build_tiny_qwen35
 from tests.distributed import workers
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 
 pytestmark = pytest.mark.slow
 STEPS = 2

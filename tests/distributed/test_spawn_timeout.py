@@ -1,6 +1,6 @@
 """run_world kills and reports a world that outlives its timeout (a rank stuck in a collective) instead of hanging."""
 import time, pytest
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 
 def _hang(rank, world, path):
     if rank == 1:

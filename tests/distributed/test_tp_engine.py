@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 
 pytestmark = pytest.mark.slow
 

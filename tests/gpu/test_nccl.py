@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 from tests.distributed import collective_workers, workers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

@@ -80,7 +80,7 @@ def test_unknown_algo_is_one_clear_line(tmp_path):
 def test_deepspeed_zero_stages(tmp_path, stage):
     """`deepspeed launch/train.py algo=grpo algo.zero_stage=N` on 2 GPUs (on this 2-core CPU machine the
     DS_ACCELERATOR=cpu run built its shm op, then made no progress within 400 s: GPU-only)."""
-    from tools.local_world import free_port
+    from esopt_mp.parallel.local_world import free_port
 
     import torch
 

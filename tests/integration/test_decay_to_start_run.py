@@ -32,7 +32,7 @@ def test_resume_from_a_mid_run_checkpoint_and_replay_equal_the_uninterrupted_run
     from esopt_mp.models import build_shards, load_model
     from esopt_mp.parallel import ParallelDims
     from esopt_mp.resume import replay_
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     extra = MODES[mode]
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"

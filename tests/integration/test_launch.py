@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tools.local_world import free_port
+from esopt_mp.parallel.local_world import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -138,11 +138,21 @@ def test_help_and_dry_run(tmp_path):
     assert not (tmp_path / "run").exists()  # no run.dir made: no model, config, ledger, metrics or checkpoint
 
 
-@pytest.mark.parametrize("tool", ["replay.py", "export_hf.py"])
-def test_a_tool_on_a_missing_run_dir_is_one_line(tmp_path, tool):
+@pytest.mark.parametrize("verb", ["replay", "export"])
+def test_a_command_on_a_missing_run_dir_is_one_line(tmp_path, verb):
+    proc = subprocess.run([sys.executable, "-m", "esopt_mp.commands", verb, "--run-dir", str(tmp_path / "nope"),
+                           "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    _one_line(proc, rf"esopt {verb}: error: .*nope: no such run directory: pass --run-dir the run.dir of a training "
+                    "run")
+
+
+@pytest.mark.parametrize("tool, verb", [("replay.py", "replay"), ("export_hf.py", "export")])
+def test_the_old_spelling_of_a_command_still_works_with_a_notice(tmp_path, tool, verb):
     proc = subprocess.run([sys.executable, f"tools/{tool}", "--run-dir", str(tmp_path / "nope"), "--out",
                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    _one_line(proc, rf"{tool}: error: .*nope: no such run directory: pass --run-dir the run.dir of a training run")
+    notice, *rest = proc.stderr.strip().splitlines()
+    assert notice == f"note: tools/{tool} is now 'esopt {verb}' (same options); this spelling goes in the next release"
+    assert proc.returncode == 2 and len(rest) == 1 and rest[0].startswith(f"{tool}: error: ") and "nope" in rest[0]
 
 
 def _slurm_stubs(tmp_path):

@@ -64,7 +64,7 @@ def fake_env(monkeypatch):
 
 
 def test_context_and_weights_change_and_replay_and_resume_reproduce_both(tmp_path, fake_env):
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     a = _trainer(_cfg(a_dir, trajectories=True))
@@ -174,7 +174,7 @@ def test_eoh_es_profile_composes_with_the_test_time_sigma_schedule():
 def test_sigma_zero_step_updates_nothing_and_replays(tmp_path, fake_env):
     # the last step of a test-time schedule plays sigma = 0: the members differ only by sampling noise, so an
     # update with alpha > 0 was a random walk (max |dtheta| 0.13 on the tiny agent); alpha is recorded as 0
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     cfg = _cfg(tmp_path / "z")
     cfg.es.steps = 2

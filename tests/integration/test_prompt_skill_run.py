@@ -71,7 +71,7 @@ def _scripted(monkeypatch, shown):
 
 
 def test_skill_and_weights_change_and_the_ledger_replays_both(tmp_path, env, monkeypatch):
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     shown = []
     _scripted(monkeypatch, shown)

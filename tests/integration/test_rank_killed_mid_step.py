@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from tools.local_world import free_port
+from esopt_mp.parallel.local_world import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from esopt_mp.checkpoint import checkpoint_steps
-from tools.local_world import free_port
+from esopt_mp.parallel.local_world import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -95,10 +95,10 @@ def test_sigkill_then_rerun_equals_uninterrupted(tmp_path, world, one_process_ru
 
 
 def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
-    """tools/replay.py (base + the whole ledger, subtract restore in bfloat16) and tools/export_hf.py rebuild the
+    """esopt replay (base + the whole ledger, subtract restore in bfloat16) and esopt export rebuild the
     run's export bit for bit; it loads and generates; a planted checkpoint runs no code."""
     run = one_process_run
-    out = subprocess.run([sys.executable, "tools/replay.py", "--run-dir", str(run), "--out", str(tmp_path / "rep")],
+    out = subprocess.run([sys.executable, "-m", "esopt_mp.commands", "replay", "--run-dir", str(run), "--out", str(tmp_path / "rep")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     a, b = _weights(run / "export"), _weights(tmp_path / "rep")
@@ -110,7 +110,7 @@ def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
     model = AutoModelForCausalLM.from_pretrained(run / "export")
     gen = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
     assert gen.shape == (1, 7)
-    ex = subprocess.run([sys.executable, "tools/export_hf.py", "--run-dir", str(run), "--out", str(tmp_path / "ex")],
+    ex = subprocess.run([sys.executable, "-m", "esopt_mp.commands", "export", "--run-dir", str(run), "--out", str(tmp_path / "ex")],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ex.returncode == 0, ex.stderr[-2000:]
     c = _weights(tmp_path / "ex")
@@ -121,7 +121,7 @@ def test_replay_reproduces_export_and_export_loads(tmp_path, one_process_run):
     shutil.copytree(run, planted)
     for d in (planted / "ckpt").iterdir():
         _plant(str(d), str(marker), manifest_too=True)
-    ex = subprocess.run([sys.executable, "tools/export_hf.py", "--run-dir", str(planted), "--out",
+    ex = subprocess.run([sys.executable, "-m", "esopt_mp.commands", "export", "--run-dir", str(planted), "--out",
                          str(tmp_path / "ex2")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ex.returncode == 0, ex.stderr[-2000:]
     c = _weights(tmp_path / "ex2")
@@ -134,9 +134,9 @@ def test_subtract_restore_at_dp2_equals_one_process_and_replays(tmp_path):
     included, and the ledger replays to the same weights."""
     from esopt_mp.models import build_tiny_qwen35
     from esopt_mp.parallel import ParallelDims
-    from tools.local_world import run_world
+    from esopt_mp.parallel.local_world import run_world
     from tests.integration.resume_workers import subtract_worker
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, arch="qwen3")  # attention layers: target_logprob runs
     subtract_worker(0, 1, 1, model, str(tmp_path / "one"), str(tmp_path / "one.pt"), 3, ParallelDims(1, 1, 1))
@@ -170,7 +170,7 @@ def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
     (seed_hash objective: returns depend on the seed only), the ledger's seeds and returns equal."""
     from esopt_mp.models import build_tiny_qwen35
     from esopt_mp.parallel import ParallelDims
-    from tools.local_world import run_world
+    from esopt_mp.parallel.local_world import run_world
     from tests.integration.resume_workers import segment_worker
 
     model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)

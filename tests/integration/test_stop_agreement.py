@@ -10,7 +10,7 @@ import time
 import pytest
 
 from esopt_mp.checkpoint_export import read_checkpoint
-from tools.local_world import free_port
+from esopt_mp.parallel.local_world import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

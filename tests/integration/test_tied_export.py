@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from esopt_mp.models import build_tiny_qwen35
 from esopt_mp.parallel import ParallelDims
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 from tests.integration import export_workers as W
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def tp1(variants, tmp_path_factory):
     """Per variant: an uninterrupted run A, an interrupted + resumed run B, and a replay of A."""
     from esopt_mp.runner import run
     from esopt_mp.trainer import ESTrainer
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     root = tmp_path_factory.mktemp("tp1")
     out = {}
@@ -105,7 +105,7 @@ def test_resume_and_replay_reproduce_the_export(name, tp1):
 def test_tp2_resume_export_and_replay_match_tp1(name, tp1, tp2):
     from transformers import AutoModelForCausalLM
 
-    from tools.replay import replay
+    from esopt_mp.replay import replay
 
     root, results = tp2
     r = results[name]

@@ -115,7 +115,7 @@ def test_the_environment_setting_names_a_taskset_or_its_block(tmp_path):
 def _train(root, nproc: int = 1):
     """launch/train.py with objective.callable at the adapter (under torchrun at dp=``nproc`` when > 1): 2 steps of 2
     members, one verifiers rollout each; (run dir, summary, ledger without wall-clock times)."""
-    from tools.local_world import free_port
+    from esopt_mp.parallel.local_world import free_port
 
     tasks, held = root / "tasks.jsonl", root / "eval.jsonl"
     tasks.write_text("".join(json.dumps({"idx": i}) + "\n" for i in range(4)))

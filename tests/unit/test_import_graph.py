@@ -253,8 +253,9 @@ LAYERS = (
     ("agent",),
     ("baselines", "objectives"),
     ("config",),
+    ("build",),  # one builder: trainers, weights (hf or vLLM), engines, objectives
     ("trainer", "baseline_trainer"),  # the ES trainer; the GRPO/PPO trainer
-    ("runner", "startup", "cli", "commands", "profiling", "drift", PKG),  # launch and tools support
+    ("runner", "startup", "cli", "commands", "replay", "profiling", "drift", PKG),  # launch and tools support
 )
 
 

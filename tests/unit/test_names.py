@@ -7,7 +7,7 @@ import torch
 
 from esopt_mp.models import build_shards, build_tiny_qwen35, checkpoint_keys, checkpoint_names, export_hf, load_model
 from esopt_mp.parallel import ParallelDims
-from tools.local_world import free_port
+from esopt_mp.parallel.local_world import free_port
 
 DIMS = ParallelDims(1, 1, 1)
 

@@ -5,7 +5,7 @@ import torch
 
 from esopt_mp.es import Perturber, build_local_shards, local_noise, member_seed
 from esopt_mp.es.shard import LocalShard, ShardInfo
-from tools.ulp import ulp_drift, ulp_of
+from esopt_mp.es.ulp import ulp_drift, ulp_of
 
 
 def _model(dtype=torch.float32, seed=0, width=(48, 64, 32)):

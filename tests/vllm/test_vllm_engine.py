@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tools.local_world import run_world
+from esopt_mp.parallel.local_world import run_world
 from tests.vllm.workers import build_test_model, dp_groups_generate_independently, engine_agreement
 
 pytestmark = pytest.mark.slow

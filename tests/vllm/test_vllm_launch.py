@@ -1,4 +1,4 @@
-"""`python launch/train.py engine=vllm` end to end on CPU; the ledger replays (hf, tools/replay.py) into its export."""
+"""`python launch/train.py engine=vllm` end to end on CPU; the ledger replays (hf, esopt replay) into its export."""
 import os
 import shutil
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tools.local_world import free_port
+from esopt_mp.parallel.local_world import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,7 +42,7 @@ def test_engine_vllm_run_exports_what_the_ledger_replays(tmp_path, dp, tp):
     assert '"steps": 2' in proc.stdout
     export = _tensors(os.path.join(run, "export"))
     assert not any("qkv_proj" in k or "gate_up_proj" in k for k in export)  # HF layout, never vLLM's fused names
-    rep = subprocess.run([sys.executable, "tools/replay.py", "--run-dir", run, "--out", str(tmp_path / "replayed")],
+    rep = subprocess.run([sys.executable, "-m", "esopt_mp.commands", "replay", "--run-dir", run, "--out", str(tmp_path / "replayed")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert rep.returncode == 0, rep.stderr[-3000:]
     replayed = _tensors(str(tmp_path / "replayed"))

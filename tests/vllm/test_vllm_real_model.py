@@ -166,7 +166,7 @@ def _ties_only(divergences: list) -> None:
 
 def test_smollm2_vllm_agrees_with_hf_and_restores(tmp_path, monkeypatch):
     from esopt_mp.models.gguf import converted_dir
-    from tools.local_world import run_world
+    from esopt_mp.parallel.local_world import run_world
 
     model_dir = converted_dir(NAME)  # the cache the runs use (this venv's transformers, if it converts)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")

@@ -1,4 +1,5 @@
-"""Run one function in a local world of N spawned CPU processes (gloo): tests and benchmarks, not the trainer
+"""Run one function in a local world of N spawned CPU processes (gloo): for testing and benchmarking distributed
+code on one machine -- the project's tests and benchmarks, and a plugin's own. Not the trainer's way in
 (launch/train.py reads its world from the launcher: :mod:`esopt_mp.parallel.launcher`)."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each conversation keeps its own KV/recurrent cache between turns (prefix
 reuse): a turn prefills only the tokens added since the last turn, then all
 live conversations decode as one batch with per-row positions, a left-padding
 mask, and per-row sampling generators. Prefill is batched where that is exact
-(see :mod:`esopt_mp.engine.prefill`): conversations without a cache as one
+(see "Prefill planning" below): conversations without a cache as one
 left-padded batch, continuing ones in groups adding equally many tokens, and a
 cost model re-encodes whole groups when that is cheaper than one more forward. A conversation leaves the batch as soon
 as it stops (EOS, a stop string, or its token budget), so finished rows cost
@@ -13,14 +13,14 @@ nothing. With ``prefix_reuse=False`` every turn re-encodes the whole history
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
 import torch
+import torch.nn.functional as F
 
 from esopt_mp.engine.base import EngineStats, Generation, eos_ids, pad_id, reply_text
-from esopt_mp.engine.cache import extract_row, select_rows, stack
-from esopt_mp.engine.prefill import plan_prefill
 from esopt_mp.engine.sampling import SamplingParams, check_caps, sample
 
 
@@ -217,3 +217,133 @@ class HFEngine:
 
     def _text(self, ids: list[int], params: SamplingParams) -> str:
         return reply_text(self.tokenizer, self.eos, ids, params.stop)
+
+
+# Prefill planning
+#
+# Which rows of a turn are prefilled how: one left-padded re-encoding batch, or exact delta groups.
+#
+# Padding is exact only for a conversation that starts from an empty cache: Qwen3.5's Gated
+# DeltaNet layers multiply padded positions' inputs by zero (``apply_mask_to_padding_states``),
+# and with no bias a zero input keeps a zero conv/recurrent state zero, so left padding before a
+# fresh sequence changes nothing (what ``model.generate`` relies on). Padding after a cached
+# prefix is not exact: the causal conv mixes the cached inputs into the pad positions and every
+# pad position applies the layer's decay, so the recurrent state would drift. A conversation
+# that continues from its cache therefore shares a forward only with conversations adding
+# exactly as many tokens (no padding at all; attention keys of different cached lengths are
+# left-padded and masked, which attention layers ignore exactly).
+#
+# Each forward costs a fixed overhead plus its (padded) tokens; the plan moves the whole delta
+# groups into the re-encoding batch that minimise ``calls * call_tokens + padded tokens``. It depends on token
+# counts only, so TP peers given the same inputs plan the same forwards.
+@dataclasses.dataclass
+class PrefillPlan:
+    reencode: list[int]  # rows re-encoded from scratch as one left-padded batch
+    groups: list[tuple[int, list[int]]]  # (new tokens, rows) continuing from their caches
+
+
+def _fresh_cost(rows: list[int], lengths: list[int], call_tokens: int) -> int:
+    return call_tokens + len(rows) * max(lengths[r] for r in rows) if rows else 0
+
+
+def plan_prefill(lengths: list[int], cached: list[int], call_tokens: int) -> PrefillPlan:
+    """Rows ``i`` hold ``lengths[i]`` tokens, ``cached[i]`` of them in their cache (0: no cache)."""
+    if call_tokens < 0:
+        raise ValueError(f"plan_prefill: call_tokens must be >= 0, got {call_tokens}")
+    fresh = [i for i, c in enumerate(cached) if c == 0]
+    by_new: dict[int, list[int]] = {}
+    for i, (n, c) in enumerate(zip(lengths, cached)):
+        if c:
+            if not 0 < c < n:
+                raise ValueError(f"row {i}: {c} cached tokens of {n}; nothing new to prefill")
+            by_new.setdefault(n - c, []).append(i)
+    groups = sorted(by_new.items())
+
+    def cost(moved: list[int]) -> int:
+        rows = fresh + [r for k in moved for r in groups[k][1]]
+        rest = sum(call_tokens + n * len(g) for k, (n, g) in enumerate(groups) if k not in moved)
+        return _fresh_cost(rows, lengths, call_tokens) + rest
+
+    # The optimum re-encodes, for the batch width W it ends up with, exactly the groups that fit
+    # under W and cost more on their own than W per row; so try every width a group or the
+    # fresh rows can set (G^2 steps for G groups, G <= batch size).
+    best = (cost([]), [])
+    widths = [(max(lengths[r] for r in fresh), None)] if fresh else []
+    widths += [(max(lengths[r] for r in g + fresh), k) for k, (_, g) in enumerate(groups)]
+    for width, forced in widths:
+        moved = [k for k, (n, g) in enumerate(groups) if k == forced or (
+            max(lengths[r] for r in g) <= width and len(g) * width < call_tokens + n * len(g))]
+        best = min(best, (cost(moved), moved))
+    moved = best[1]
+    return PrefillPlan(sorted(fresh + [r for k in moved for r in groups[k][1]]),
+                       [grp for k, grp in enumerate(groups) if k not in moved])
+
+
+# KV cache rows
+#
+# Row operations on transformers' DynamicCache: select, stack (left-padded), extract.
+#
+# Prefix reuse keeps one cache per conversation. Conversations that add equally
+# many tokens are prefilled together, and all live ones decode together, on a
+# stacked cache -- attention keys/values left-padded to a common length and
+# masked, linear-attention (Gated DeltaNet) conv and recurrent states
+# concatenated, so no padding passes through a recurrent layer -- split again
+# per conversation afterwards (the prefill planning above says why).
+_SEQ_DIM = 2  # keys/values: [batch, heads, seq, head_dim]
+
+
+def _is_kv(layer) -> bool:
+    return hasattr(layer, "keys") and torch.is_tensor(getattr(layer, "keys", None))
+
+
+def _map_layer(layer, kv_fn, state_fn):
+    new = copy.copy(layer)
+    if _is_kv(layer):
+        new.keys, new.values = kv_fn(layer.keys), kv_fn(layer.values)
+    for attr in ("conv_states", "recurrent_states"):
+        states = getattr(layer, attr, None)
+        if isinstance(states, dict):
+            setattr(new, attr, {k: state_fn(v) if torch.is_tensor(v) else v for k, v in states.items()})
+    for attr in ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state",
+                 "conv_kernel_size"):
+        if isinstance(getattr(layer, attr, None), dict):
+            setattr(new, attr, dict(getattr(layer, attr)))
+    return new
+
+
+def _with_layers(cache, layers):
+    new = copy.copy(cache)
+    new.layers = layers
+    return new
+
+
+def select_rows(cache, rows: torch.Tensor):
+    """The cache restricted to batch rows ``rows`` (copies)."""
+    return _with_layers(cache, [_map_layer(l, lambda t: t.index_select(0, rows), lambda t: t.index_select(0, rows))
+                                for l in cache.layers])
+
+
+def extract_row(cache, row: int, pad: int):
+    """Row ``row`` as a batch-1 cache, its ``pad`` left padding positions dropped."""
+    return _with_layers(cache, [_map_layer(l, lambda t: t[row:row + 1, :, pad:].clone(),
+                                           lambda t: t[row:row + 1].clone()) for l in cache.layers])
+
+
+def stack(caches: list, lengths: list[int]):
+    """One batch cache from batch-1 caches of ``lengths`` tokens; returns (cache, left pads)."""
+    width = max(lengths)
+    pads = [width - n for n in lengths]
+    layers = []
+    for per_row in zip(*(c.layers for c in caches)):
+        first = per_row[0]
+        new = copy.copy(first)
+        if _is_kv(first):
+            new.keys = torch.cat([F.pad(l.keys, (0, 0, p, 0)) for l, p in zip(per_row, pads)], 0)
+            new.values = torch.cat([F.pad(l.values, (0, 0, p, 0)) for l, p in zip(per_row, pads)], 0)
+        for attr in ("conv_states", "recurrent_states"):
+            states = getattr(first, attr, None)
+            if isinstance(states, dict):
+                setattr(new, attr, {k: torch.cat([getattr(l, attr)[k] for l in per_row], 0) if torch.is_tensor(v)
+                                    else v for k, v in states.items()})
+        layers.append(new)
+    return _with_layers(caches[0], layers), pads

@@ -4,7 +4,7 @@ Everything here works on int64 tensors holding uint32 words. Products of two
 32-bit words wrap modulo 2**64 in int64 two's complement, which keeps the low
 64 bits of the exact product; ``(p >> 32) & M32`` then recovers the high word
 even when the wrapped value is negative. The Random123 known-answer vectors
-(tests/unit/test_philox.py) pin this down, including the all-ones corner.
+(tests/unit/es/test_philox.py) pin this down, including the all-ones corner.
 
 The same function runs eagerly on any device or through ``torch.compile``
 (static code, dynamic length), giving bit-identical integers and, on the same

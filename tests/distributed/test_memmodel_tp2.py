@@ -5,7 +5,7 @@ import pytest
 
 from esopt_mp.models.tiny import build_tiny_qwen35, tiny_qwen35_config
 from esopt_mp.profiling.memmodel import param_shards, predict
-from tests.unit.test_memmodel import W
+from tests.unit.profiling.test_memmodel import W
 
 
 def shard_worker(rank: int, world: int, path: str, out: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from esopt_mp.parallel.local_world import free_port, run_world
-from tests.unit.test_prompt_skill import reply_json
+from tests.unit.prompt.test_prompt_skill import reply_json
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton not installed (pip install 'esopt_mp[triton]')")
 
-from tests.unit.test_triton_noise import ROOT  # noqa: E402
+from tests.unit.es.test_triton_noise import ROOT  # noqa: E402
 
 
 @pytest.mark.gpu

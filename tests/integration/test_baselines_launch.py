@@ -72,7 +72,7 @@ def test_unknown_algo_is_one_clear_line(tmp_path):
     proc = _run(["algo=foo"], tmp_path / "run")
     assert proc.returncode != 0
     assert proc.stderr.strip() == "error: algo: unknown algorithm 'foo'; known: es, grpo, ppo"
-    # algo.name=foo, past Hydra: AlgoConfig.validate names the key (tests/unit/test_baselines.py)
+    # algo.name=foo, past Hydra: AlgoConfig.validate names the key (tests/unit/baselines/test_baselines.py)
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ import types
 
 from esopt_mp.agent.episodes import EpisodePlayer
 from esopt_mp.agent.held_out import HeldOut
-from tests.unit.test_eval_at_k import _Comm
+from tests.unit.agent.test_eval_at_k import _Comm
 
 
 def test_math_react_reports_mean_and_pass_at_k_through_its_own_env(tmp_path):

@@ -139,7 +139,7 @@ def test_the_command_form_plays_the_same_episodes(scripted, tmp_path):
      "no_such_harness: ModuleNotFoundError: No module named 'no_such_harness'"),
     (["objective.callable=tests.fixtures.harnesses:silent"], "error: objective.callable=tests.fixtures.harnesses:"
      "silent: none of the 2 episodes of eval-0 got a reply from the endpoint it was given (e.g. http://127.0.0.1:"),
-], ids=["not_importable", "never_calls"])  # the other lines: tests/unit/test_harness.py
+], ids=["not_importable", "never_calls"])  # the other lines: tests/unit/agent/test_harness.py
 def test_a_harness_that_cannot_run_is_one_line(tmp_path, args, line):
     proc = _run([*SHORT, *args], tmp_path / "run")
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
@@ -147,7 +147,7 @@ def test_a_harness_that_cannot_run_is_one_line(tmp_path, args, line):
     assert not (tmp_path / "run" / "history.jsonl").exists() or not (tmp_path / "run" / "history.jsonl").read_text()
 
 
-# a callable's failures (raised, not a number, past its wall clock, silent) are tests/unit/test_harness.py's
+# a callable's failures (raised, not a number, past its wall clock, silent) are tests/unit/agent/test_harness.py's
 @pytest.mark.parametrize("form,dos", [
     (f"objective.command={sys.executable} tests/fixtures/harnesses.py",
      ["win", "exit", "nonumber", "sleep", "leave", "setsid", "badbyte", "errflood"]),

@@ -1,12 +1,12 @@
 """Hostile model output through the environments that run code in the sandbox (math_react, heuristic, docvqa):
-no reply may make one raise, in the agent loop too (the corpus: tests/unit/test_hostile_replies.py)."""
+no reply may make one raise, in the agent loop too (the corpus: tests/unit/envs/test_hostile_replies.py)."""
 import shutil
 
 import pytest
 
 from esopt_mp.envs import failure_return, make
 from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
-from tests.unit.test_hostile_replies import CORPUS, HOSTILE, _check_step
+from tests.unit.envs.test_hostile_replies import CORPUS, HOSTILE, _check_step
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,13 @@
 """What of the noise backends needs a compiler, which starts processes (inductor's workers, Triton's ptxas): the
 compiled CPU backend equals eager bit for bit, and the Triton kernels compiled for sm_90 without a GPU use precise
-fp64 math and contract nothing. The interpreted checks are tests/unit/test_triton_noise.py."""
+fp64 math and contract nothing. The interpreted checks are tests/unit/es/test_triton_noise.py."""
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="triton not installed (pip install 'esopt_mp[triton]')")
 
 from esopt_mp.es import local_noise, triton_noise  # noqa: E402
-from tests.unit.test_triton_noise import SEED, _info  # noqa: E402
+from tests.unit.es.test_triton_noise import SEED, _info  # noqa: E402
 
 
 def test_the_compiled_backend_gives_the_eager_noise():

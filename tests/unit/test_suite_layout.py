@@ -44,3 +44,15 @@ def test_a_unit_test_that_starts_a_process_fails_naming_it(start):
         else:
             multiprocessing.get_context("spawn").Process(target=print).start()
     assert start != "subprocess" or "'true'" in str(e.value)
+
+
+def test_unit_folders_mirror_the_package():
+    """tests/unit/<name>/ holds the tests of esopt_mp/<name>/: a folder that names no package is a drawer."""
+    pkg = os.path.join(os.path.dirname(TESTS), "esopt_mp")
+    unit = os.path.join(TESTS, "unit")
+    folders = [d for d in os.listdir(unit) if os.path.isdir(os.path.join(unit, d)) and not d.startswith("__")]
+    assert folders, "tests/unit has no package folders"
+    strays = [d for d in folders if not os.path.isfile(os.path.join(pkg, d, "__init__.py"))]
+    assert not strays, f"tests/unit/{strays} name no package of esopt_mp"
+    for d in folders:  # collected as packages: two test files of one name in two folders do not collide
+        assert os.path.isfile(os.path.join(unit, d, "__init__.py")), d

@@ -12,7 +12,7 @@ from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.envs import make
 from esopt_mp.envs.sudoku import generate
 
-AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
 GREEDY = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=10, stop=("\n",))
 
 

@@ -23,7 +23,7 @@ from esopt_mp.endpoint.server import EndpointServer
 from esopt_mp.engine.base import EngineStats, Generation
 from esopt_mp.engine.sampling import SamplingParams
 
-AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
 SAMPLING = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=64)
 GREEDY16 = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=16)
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from esopt_mp.endpoint.config import EndpointConfig, EndpointError
 from esopt_mp.endpoint.server import EndpointServer
 from esopt_mp.typed import ConfigError
-from tests.unit.test_endpoint_server import AGENT, FakeEngine, chat, httpx, serving
+from tests.unit.endpoint.test_endpoint_server import AGENT, FakeEngine, chat, httpx, serving
 
 OK = [{"role": "user", "content": "x"}]
 

@@ -125,7 +125,7 @@ def test_candidate_hints_and_scripted_warm_start_data():
     segs = scripted_episode(task, 6, {"hints": True, "show_original": False})
     actions = [t for t, a in segs if a]
     assert len(actions) == 3 and all(a.startswith("set ") and a.endswith("<|im_end|>") for a in actions)
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
     tok = AutoTokenizer.from_pretrained(root)
     ids, labels = encode_examples(tok, [task], 6, {"hints": True, "show_original": False})[0]
     supervised = tok.decode([t for t, l in zip(ids, labels) if l != -100])

@@ -14,7 +14,7 @@ from esopt_mp.endpoint.config import EndpointConfig
 from esopt_mp.endpoint.server import EndpointServer
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
-from tests.unit.test_endpoint_server import AGENT, FakeEngine
+from tests.unit.endpoint.test_endpoint_server import AGENT, FakeEngine
 from tools.bench_endpoint import ScriptedToolEnv, play_client, question
 
 

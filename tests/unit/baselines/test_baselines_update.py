@@ -10,7 +10,7 @@ from esopt_mp.baselines.config import AlgoConfig
 from esopt_mp.models import load_model
 from esopt_mp.parallel import ParallelDims
 
-TINY = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+TINY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
 DIMS = ParallelDims(1, 1, 1)
 
 

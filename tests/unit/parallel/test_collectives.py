@@ -11,7 +11,7 @@ from esopt_mp.config import ConfigError, build_config
 from esopt_mp.health import DegenerateRunError, Health
 from esopt_mp.parallel import Collectives, CommStats, ParallelDims
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 COLLECTIVE_NAMES = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
                     "broadcast_object_list", "barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor",
                     "all_to_all", "all_to_all_single", "gather", "gather_object", "scatter", "scatter_object_list",

@@ -18,7 +18,7 @@ from esopt_mp.identity import config_hash
 from esopt_mp.models import load_model
 from esopt_mp.parallel import ParallelDims
 
-TINY = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+TINY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
 DIMS = ParallelDims(1, 1, 1)
 
 

@@ -12,7 +12,7 @@ import pytest
 from esopt_mp.config import ConfigError, build_config
 from esopt_mp.identity import config_hash
 from esopt_mp.prompt.skill import SkillSynthesis, build_skill
-from tests.unit.test_prompt_skill import SKILL, TRAJ, Scripted, block
+from tests.unit.prompt.test_prompt_skill import SKILL, TRAJ, Scripted, block
 
 
 def _agent(skill):

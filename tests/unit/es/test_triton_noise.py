@@ -23,7 +23,7 @@ def _interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 SEED = (1 << 63) + 987654321987654321  # above 2**63: the int64 bit pattern path
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # (global shape, box): whole, row shard, column shard, uneven rows / columns, a 3-d box, a vector slice
 BOXES = {

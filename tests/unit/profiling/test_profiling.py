@@ -156,7 +156,7 @@ def test_fits_check_says_one_line():
 
 
 def _memprof(argv, capsys):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     from tools import memprof
 
     rc = memprof.main(argv)
@@ -168,7 +168,7 @@ def test_memprof_too_big_exits_before_allocating(tmp_path, capsys, monkeypatch):
         available = 20 * 10**9
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: VM)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     from tools import memprof
 
     spawned = []  # the checkpoint and every profile are built in child processes: none may start

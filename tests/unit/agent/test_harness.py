@@ -108,7 +108,7 @@ NOT_CALLABLE = 3
 
 
 def harness_cfg(tmp_path, fn="by_task", **obj):
-    return build_config({"objective": {"name": "harness", "callable": f"tests.unit.test_harness:{fn}", **obj},
+    return build_config({"objective": {"name": "harness", "callable": f"tests.unit.agent.test_harness:{fn}", **obj},
                          "model": {"path": "builtin:tiny_agent"}, "run": {"dir": str(tmp_path)},
                          "env": {"name": "sudoku", "n_train": 8, "n_eval": 2, "episodes_per_step": 4}})
 
@@ -162,14 +162,14 @@ def test_a_harness_that_cannot_be_loaded_is_one_line():
     with pytest.raises(HarnessError, match=r"^objective.callable=no_such_pkg.mod:fn: cannot import no_such_pkg.mod: "
                                            r"ModuleNotFoundError: No module named 'no_such_pkg'$"):
         load_callable("no_such_pkg.mod:fn")
-    with pytest.raises(HarnessError, match=r"tests.unit.test_harness has no attribute 'nope'$"):
-        load_callable("tests.unit.test_harness:nope")
+    with pytest.raises(HarnessError, match=r"tests.unit.agent.test_harness has no attribute 'nope'$"):
+        load_callable("tests.unit.agent.test_harness:nope")
     with pytest.raises(HarnessError, match=r"NOT_CALLABLE is a int, not callable$"):
-        load_callable("tests.unit.test_harness:NOT_CALLABLE")
+        load_callable("tests.unit.agent.test_harness:NOT_CALLABLE")
     with pytest.raises(HarnessError, match=r"^objective.command=no-such-program-xyz --flag: program "
                                            r"'no-such-program-xyz' is not found on PATH$"):
         command_argv("no-such-program-xyz --flag")
-    assert load_callable("tests.unit.test_harness:by_task") is by_task
+    assert load_callable("tests.unit.agent.test_harness:by_task") is by_task
 
 
 # ---------------------------------------------------------------- episodes
@@ -228,7 +228,7 @@ def test_a_member_return_depends_on_its_replies_and_the_first_silent_evaluation_
     assert p.server.members[0].model == "member-0-0" and len(p.server.members[0].seeds) == 4
     silent = HarnessObjective(player_of(harness_cfg(tmp_path, fn="by_task"), [["x"]] * 4))
     silent.player.eval_tasks = [{"id": "q", "do": "silent"}]
-    with pytest.raises(HarnessError, match=r"^objective.callable=tests.unit.test_harness:by_task: none of the 1 "
+    with pytest.raises(HarnessError, match=r"^objective.callable=tests.unit.agent.test_harness:by_task: none of the 1 "
                                            r"episodes of eval-0 got a reply from the endpoint it was given "
                                            r"\(e.g. fake://.*\): no request for this member reached it"):
         silent.evaluate_held_out()

@@ -12,7 +12,7 @@ from reasoning_gym.utils import extract_answer  # noqa: E402
 from esopt_mp.envs.libs.reasoning_gym import (  # noqa: E402
     LINE_PROMPT, ReasoningGymConfig, ReasoningGymEnv, last_answer_span, read_answer)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def roundtrip(tasks):

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.sampling import SamplingParams
 
-AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
+AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
 
 
 @pytest.fixture(scope="module")

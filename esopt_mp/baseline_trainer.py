@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import time
 
 import torch
@@ -85,8 +84,10 @@ class BaselineTrainer:
 
     # ------------------------------------------------------------------ rollouts
     def step_tasks(self, step: int) -> list[int]:
-        rng = random.Random(stream_seed(self.seed, "tasks", step))
-        return rng.sample(range(len(self.player.train_tasks)), self.algo.tasks_per_step)
+        """Indices of the step's training tasks, drawn as ES draws them."""
+        from esopt_mp.agent.episodes import step_task_indices
+
+        return step_task_indices(len(self.player.train_tasks), self.seed, step, self.algo.tasks_per_step)
 
     def rollouts(self, step: int):
         """(this dp group's episodes as a TokenBatch on every rank of the group, [sum, count, failed, max])."""

@@ -31,13 +31,19 @@ def load_tasks(cfg) -> tuple[list[dict], list[dict]]:
 class EpisodeTally:
     """What a player keeps of the episodes it played: a few recent errors (health warnings), the failed training
     episodes by kind and the training episodes played again since the last :meth:`take_failures` (both players:
-    the environment's and the harness's)."""
+    the environment's and the harness's, each with ``step_tasks(step)`` and ``run_seed``)."""
 
     def __init__(self):
         self.recent_errors: list[str] = []
         self.failures: Counter = Counter()
         self.retried = 0  # training episodes played again after an infrastructure failure
         self.reevaluated = 0  # members whose every episode failed so, evaluated again
+
+    def member_episodes(self, member) -> tuple[list[dict], list[int]]:
+        """(tasks, sampling seeds) of member ``member``'s training episodes: the step's tasks, every member alike
+        (common random numbers), and one ``episode`` stream seed per (step, member, episode)."""
+        tasks = self.step_tasks(member.step)
+        return tasks, [stream_seed(self.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
 
     def play_retrying(self, attempt, n: int, kind=None) -> list:
         """``attempt(indices)``: the episodes of those of the ``n`` tasks. An episode the infrastructure failed (a
@@ -199,8 +205,13 @@ class EpisodePlayer(EpisodeTally):
 def draw_step_tasks(train_tasks: list[dict], run_seed: int, step: int, n: int) -> list[dict]:
     """Step ``step``'s ``n`` training tasks from the run's ``tasks`` stream: the same for every member (common random
     numbers) and every player (environment or harness)."""
-    rng = random.Random(stream_seed(run_seed, "tasks", step))
-    return [train_tasks[i] for i in rng.sample(range(len(train_tasks)), n)]
+    return [train_tasks[i] for i in step_task_indices(len(train_tasks), run_seed, step, n)]
+
+
+def step_task_indices(n_tasks: int, run_seed: int, step: int, n: int) -> list[int]:
+    """Which ``n`` of ``n_tasks`` training tasks step ``step`` plays: the one draw from the ``tasks`` stream, for
+    ES's members and the baselines' groups alike."""
+    return random.Random(stream_seed(run_seed, "tasks", step)).sample(range(n_tasks), n)
 
 
 def return_total(eps, failed_count: bool = False) -> tuple[float, int]:

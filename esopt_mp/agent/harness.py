@@ -22,7 +22,6 @@ from esopt_mp.agent.held_out import HeldOut
 from esopt_mp.agent.loop import Episode
 from esopt_mp.engine.sampling import SamplingParams
 from esopt_mp.engine.tp import replicated
-from esopt_mp.es.seeds import stream_seed
 from esopt_mp.parallel.comm import first_failure
 from esopt_mp.runfiles import open_run_file
 
@@ -187,8 +186,7 @@ class HarnessObjective:
     def evaluate_member(self, member) -> float:
         """Member ``member``'s mean return over its step's tasks (NaN if every episode was an infrastructure fault)."""
         p = self.player
-        tasks = p.step_tasks(member.step)
-        seeds = [stream_seed(p.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
+        tasks, seeds = p.member_episodes(member)
         eps = p.play(tasks, seeds, p.train_cfg, kind="train", step=member.step, member=member.index)
         self._check_called()
         total, n = return_total(eps)

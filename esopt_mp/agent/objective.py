@@ -26,8 +26,7 @@ class AgentObjective:
     def evaluate_member(self, member) -> float:
         """Member ``member``'s mean return over its step's tasks (NaN if every episode was an infrastructure fault)."""
         p = self.player
-        tasks = p.step_tasks(member.step)
-        seeds = [stream_seed(p.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
+        tasks, seeds = p.member_episodes(member)
         # a context optimiser shares the step's episodes out by slot: consecutive within the step (EoH: every
         # operator equally often, +-1) and shifted by the step (an operator the step has too few slots for runs at
         # later steps); both members of a mirrored pair play the same slots and contexts (operator and parents),

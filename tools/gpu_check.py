@@ -40,6 +40,12 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MEMBER = (20261130, 0.01, 1)
+_T0 = time.perf_counter()
+
+
+def _progress(msg: str) -> None:
+    """One line on stderr per phase, with the seconds since start: a part cut off by its time limit says where."""
+    print(f"[gpu_check {time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def _sync():
@@ -116,6 +122,7 @@ def es_steps(weights, engine, vocab, args, mark=None) -> dict:
         _sync()
         es_s += time.perf_counter() - t0
         total += time.perf_counter() - t_step
+        _progress(f"ES step {step + 1}/2: {time.perf_counter() - t_step:.1f}s")
     return {"es_overhead_fraction": round(es_s / total, 4), "es_step_s": round(total / 2, 3), "peak_es": _peak(),
             "es_tokens": tokens}
 
@@ -146,8 +153,10 @@ def run_engine(name: str, path: str, args) -> tuple[dict, object, object]:
         ecfg = EngineConfig(name="vllm", max_model_len=1024, kv_cache_gib=args.kv_gib, enforce_eager=not args.graphs,
                             weight_sync=args.weight_sync)
         engine, weights, summary = build_vllm(ecfg, ESConfig(restore="snapshot"), path, dims, "bfloat16", 0)
+    _progress(f"{name}: engine built")
     _peak_reset()
     workload(engine, vocab, args.batch, args.turns, args.new_tokens, seed=99)  # warm-up, not timed
+    _progress(f"{name}: warm-up workload done")
     _peak_reset()
     sampler = _sampler()
     if sampler is not None:
@@ -155,6 +164,7 @@ def run_engine(name: str, path: str, args) -> tuple[dict, object, object]:
     try:
         n, s = workload(engine, vocab, args.batch, args.turns, args.new_tokens)
         out = {"tokens_per_s": round(n / s, 1), "tokens": n, "peak_inference": _peak()}
+        _progress(f"{name}: timed workload {n} tokens in {s:.1f}s")
         if name == "vllm":
             out["weight_sync"] = summary["sync"]
         out.update(es_steps(weights, engine, vocab, args,
@@ -297,6 +307,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             path = write_random_checkpoint(shape, os.path.join(args.dir or tmp, shape))
             res["checkpoint_s"] = round(time.perf_counter() - t0, 1)
+            _progress(f"random {shape} checkpoint written")
             hf = hf_engine = hf_weights = None
             if "hf" in engines:
                 try:

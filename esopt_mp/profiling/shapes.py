@@ -59,10 +59,11 @@ def param_count(config) -> int:
     return sum(p.numel() for p in build_meta(config).parameters())
 
 
-def materialise(config, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
-    """The meta model made real: storage allocated in ``dtype``, then transformers' own initialisation."""
+def materialise(config, seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"):
+    """The meta model made real on ``device``: storage allocated in ``dtype``, then transformers' own
+    initialisation (the same seed draws other values on CUDA than on the CPU)."""
     model = build_meta(config)
-    model.to_empty(device="cpu")
+    model.to_empty(device=device)
     model.to(dtype)
     torch.manual_seed(seed)
     for m in model.modules():  # _init_weights per module: normal(0, initializer_range), norms, A_log, dt_bias
@@ -70,20 +71,24 @@ def materialise(config, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
     return model
 
 
-def write_random_checkpoint(shape: str, path: str, seed: int = 0) -> str:
-    """Random bf16 weights of ``shape`` plus a local tokenizer saved to ``path`` (idempotent, atomic)."""
+def write_random_checkpoint(shape: str, path: str, seed: int = 0, device: str | None = None) -> str:
+    """Random bf16 weights of ``shape`` plus a local tokenizer saved to ``path`` (idempotent, atomic).
+
+    ``device``: where the weights are drawn; by default CUDA when there is one (a 4B shape's initialisation
+    takes minutes on a CPU, about a second on a GPU)."""
     from esopt_mp.profiling.workload import build_tokenizer
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     config = shape_config(shape)
     tmp = f"{path}.tmp{os.getpid()}"
-    model = materialise(config, seed)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = materialise(config, seed, device=device)
     model.save_pretrained(tmp, max_shard_size="256MB")
     del model
     build_tokenizer(config.vocab_size).save_pretrained(tmp)
     with open(os.path.join(tmp, "profile_shape.json"), "w") as f:
-        json.dump({"shape": shape, "seed": seed}, f)
+        json.dump({"shape": shape, "seed": seed, "device": device}, f)
     try:
         os.rename(tmp, path)
     except OSError:  # another process got there first

@@ -211,7 +211,7 @@ def dp_groups_generate_independently(rank: int, world: int, model_dir: str, dp: 
 
     from esopt_mp.engine.vllm import build_vllm
     from esopt_mp.parallel import discover, init_distributed
-    from esopt_mp.parallel.comm import check_replicas
+    from esopt_mp.parallel.agreement import check_replicas
 
     dims = init_distributed(discover(), dp, tp, backend="gloo")
     engine, weights, _ = build_vllm(_engine_cfg(), _es_cfg(), model_dir, dims, "float32", 0)

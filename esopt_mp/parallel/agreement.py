@@ -1,4 +1,4 @@
-"""What an ES step communicates: G returns, and now and then a checksum per shard.
+"""What the ranks agree on: the G returns of a step, one verdict on a failure, that replicas hold equal weights.
 
 Nothing of size O(parameters) crosses the network. Both go through
 ``dims.comm`` (:mod:`esopt_mp.parallel.collectives`), which puts the tensors on

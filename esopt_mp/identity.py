@@ -126,8 +126,8 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     training tasks by content (SHA-256 of ``env.train_path``, or the
     generator settings ``n_train``/``task_seed``), the named environment's section as its spec hashes it
     (``EnvSpec.identity``; not the sections of other environments),
-    every other ``env.*`` setting that shapes training returns (``max_episode_tokens`` when set: 0 keeps the
-    hash of runs from before it),
+    every other ``env.*`` setting that shapes training returns (``max_episode_tokens`` and ``common_draws`` when
+    set: their defaults keep the hash of runs from before them),
     ``engine.*`` (training sampling; not vllm's memory budget, weight_sync, enforce_eager, max_model_len) and
     ``algo.*`` (which trainer, its lr, KL, clip...). New fields are in by default.
     Out: the rest of ``run.*``, ``endpoint.*`` and ``parallel.*`` (noise and updates are layout-invariant,
@@ -174,6 +174,8 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
         d["prompt"]["skill"].pop("key_env"), d["prompt"]["skill"].pop("timeout_s")
     if not cfg.env.max_episode_tokens:  # no budget: runs from before the field keep their hash
         d["env"].pop("max_episode_tokens")
+    if not cfg.env.common_draws:  # each member's own draws, the default: runs from before the field keep theirs
+        d["env"].pop("common_draws")
     for k in ("level", "min_level"):  # where untrusted code may run, not what it returns
         d["env"]["sandbox"].pop(k, None)
     for k in cfg.env.sections:  # the named environment's section, as that environment hashes it

@@ -41,8 +41,11 @@ class EpisodeTally:
 
     def member_episodes(self, member) -> tuple[list[dict], list[int]]:
         """(tasks, sampling seeds) of member ``member``'s training episodes: the step's tasks, every member alike
-        (common random numbers), and one ``episode`` stream seed per (step, member, episode)."""
+        (common random numbers), and one ``episode`` stream seed per (step, member, episode), or with
+        ``env.common_draws`` one ``common_episode`` seed per (step, episode) for every member."""
         tasks = self.step_tasks(member.step)
+        if self.cfg.common_draws:
+            return tasks, [stream_seed(self.run_seed, "common_episode", member.step, e) for e in range(len(tasks))]
         return tasks, [stream_seed(self.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
 
     def play_retrying(self, attempt, n: int, kind=None) -> list:

@@ -39,6 +39,9 @@ class EnvConfig:
     n_train: int = 64
     n_eval: int = 32
     episodes_per_step: int = 8
+    # ES: every member samples the step's episode e with the same draws (else each its own): with sampled
+    # training episodes, members' returns then differ by their perturbations rather than by their luck
+    common_draws: bool = False
     eval_repeats: int = 1
     eval_temperature: float = 0.0
     task_seed: int = 0

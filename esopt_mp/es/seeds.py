@@ -49,6 +49,9 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
       episode; shared by the TP ranks of the group that plays it (they sample
       identical tokens from identical gathered logits), distinct across members
       and episodes, independent of batch composition.
+    - ``common_episode`` (step, episode): with ``env.common_draws``, the token sampling seed of episode ``episode``
+      of the step for every member alike (common random numbers in the sampling too: two members' returns then
+      differ by their perturbations, not by their luck in the draws).
     - ``eval`` (question, sample): sampling seeds of held-out evaluation (Mean@k / Pass@k); the same at
       every evaluation of a run and across a resume (common random numbers: before/after comparable).
     - ``skill`` (step, batch): the sampling seed of a skill proposal (prompt.optimiser=skill).
@@ -61,7 +64,7 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
       member's episode opens on the endpoint (the first samples with the episode seed itself).
     """
     tags = {"member": 0, "tasks": 1, "episode": 2, "eval": 3, "skill": 4, "skill_val": 5, "context": 6,
-            "conversation": 7}
+            "conversation": 7, "common_episode": 8}
     if stream not in tags:
         raise ValueError(f"unknown random stream {stream!r}; known: {sorted(tags)}")
     if stream == "member":

@@ -22,7 +22,8 @@ Sections (each in its own try/except: a failure is reported in its entry and the
 - ``endpoint``: generated tokens/s through the OpenAI-compatible endpoint with N concurrent scripted sessions
   (HTTP clients) vs the in-process agent loop on the same conversations (tools/bench_endpoint.py).
 
-Prints one JSON object on stdout (``--markdown``: a markdown table of the headline ratios instead) and
+Prints one record (esopt_mp.profiling.record: command, machine, library versions, and the sections, ratios and
+errors as its figures) as JSON on stdout (``--markdown``: a markdown table of the headline ratios instead) and
 writes it to ``--out FILE``. Progress goes to stderr. ``--from-json FILE --markdown`` renders a saved report.
 
 Usage: python tools/bench.py [--quick] [--skip memory,comm] [--out bench.json] [--markdown]
@@ -34,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -46,6 +46,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
+
+from esopt_mp.profiling.record import bench_record  # noqa: E402
 
 SECTIONS = ("noise", "es_overhead", "throughput", "schedule", "comm", "memory", "rollout", "endpoint")
 # headline ratio -> what it compares (the markdown table's rows, in this order)
@@ -228,30 +230,12 @@ def section_endpoint(a) -> dict:
 
 
 # ------------------------------------------------------------------ report
-def machine() -> dict:
-    import transformers
-
-    cuda = torch.cuda.is_available()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except OSError:
-        commit = None
-    return {"cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-            "cuda": torch.version.cuda if cuda else None, "git_commit": commit,
-            "loopback_isolated": os.environ.get("ESOPT_BENCH_NETNS") == "1"}
-
-
 def run(a) -> dict:
     skip = {s for s in a.skip.split(",") if s}
     unknown = skip - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--skip: unknown section(s) {sorted(unknown)}; sections are {list(SECTIONS)}")
-    report = {"command": " ".join(["python tools/bench.py", *sys.argv[1:]]), "quick": a.quick,
-              "machine": machine(), "sections": {}, "ratios": {}, "errors": {}}
+    report = {"quick": a.quick, "sections": {}, "ratios": {}, "errors": {}}
     t_all = time.perf_counter()
     bar = tqdm(SECTIONS, desc="bench", file=sys.stderr, dynamic_ncols=True)
     for name in bar:
@@ -276,8 +260,9 @@ def run(a) -> dict:
     return report
 
 
-def markdown(report: dict) -> str:
-    m = report["machine"]
+def markdown(record: dict) -> str:
+    """The headline ratios of a suite's record as a markdown table, under the command and machine it ran on."""
+    m, report = record["machine"], record["figures"]
     rows = ["| figure | ratio | compares |", "|---|---:|---|"]
     for key, what in HEADLINES.items():
         sec = report["sections"].get(key.split(".")[0], {})
@@ -294,7 +279,7 @@ def markdown(report: dict) -> str:
             mdl = sec["model"]
             what = f"{what} ({mdl.get('shape')}, {mdl.get('params', 0) / 1e9:.2f} B params, tp={mdl.get('tp')})"
         rows.append(f"| `{key}` | {cell} | {what} |")
-    head = (f"`{report['command']}` on {m['device']}, {m['cpus_usable']} CPUs, torch {m['torch']} "
+    head = (f"`{record['command']}` on {m['device']}, {m['cpus_usable']} CPUs, torch {record['versions']['torch']} "
             f"({report['seconds_total']:.0f} s)")
     return head + "\n\n" + "\n".join(rows) + "\n"
 
@@ -328,7 +313,7 @@ def main() -> None:
 
         reexec_in_netns()  # exits with the isolated run's status, or returns when not possible / already inside
     torch.set_num_threads(max(1, a.threads))
-    report = run(a)
+    report = bench_record("suite", run(a))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -12,7 +12,6 @@ when asynchronous (the host copy), the background write, and a resume's load
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -21,6 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 
 def main() -> None:
@@ -67,11 +67,11 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in (("sync_save_s", sync), ("async_stall_s", stall),
                                                  ("async_total_s", write), ("load_s", load))}
-    print(json.dumps({"mib": args.mib, "tensors": args.tensors, "repeats": args.repeats,
-                      **{k: round(v, 4) for k, v in med.items()},
-                      "stall_over_sync": round(med["async_stall_s"] / med["sync_save_s"], 4),
-                      "load_over_sync": round(med["load_s"] / med["sync_save_s"], 4),
-                      "write_mib_per_s": round(args.mib / med["sync_save_s"], 1)}))
+    print_record("checkpoint", {"mib": args.mib, "tensors": args.tensors, "repeats": args.repeats,
+                                **{k: round(v, 4) for k, v in med.items()},
+                                "stall_over_sync": round(med["async_stall_s"] / med["sync_save_s"], 4),
+                                "load_over_sync": round(med["load_s"] / med["sync_save_s"], 4),
+                                "write_mib_per_s": round(args.mib / med["sync_save_s"], 1)})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Usage: python tools/bench_comm.py [--steps 1] [--layouts 2x2,4x1]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -132,7 +132,7 @@ def main() -> None:
     if not args.no_netns:
         reexec_in_netns()
     layouts = [tuple(int(x) for x in s.split("x")) for s in args.layouts.split(",")]
-    print(json.dumps(run(layouts, args.steps)))
+    print_record("comm", run(layouts, args.steps))
 
 
 if __name__ == "__main__":

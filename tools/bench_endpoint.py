@@ -12,13 +12,13 @@ Usage: python tools/bench_endpoint.py [--sessions 8] [--turns 3] [--max-new-toke
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 AGENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "esopt_mp", "assets", "tiny_agent")
 SYSTEM = "You play 4x4 Sudoku. Use the tools when they help."
@@ -175,7 +175,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
-    print(json.dumps(run(a.sessions, a.turns, a.max_new_tokens, a.repeats)))
+    print_record("endpoint", run(a.sessions, a.turns, a.max_new_tokens, a.repeats))
 
 
 if __name__ == "__main__":

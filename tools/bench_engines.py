@@ -13,13 +13,13 @@ weights + restore). On CPU vLLM reloads the whole state per weight change
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 
 def build_model(path: str, arch: str) -> str:
@@ -92,14 +92,14 @@ def main() -> None:
             weights.restore()
             costs.append(time.perf_counter() - t0)
         engine.close()
-    print(json.dumps({
+    print_record("engines", {
         "arch": args.arch, "dtype": dtype, "device": "cuda" if torch.cuda.is_available() else "cpu",
         "episodes": args.episodes, "turns": args.turns, "weight_sync": summary["sync"],
         "hf": hf, "vllm": vl, "vllm_over_hf_tokens_per_s": round(vl["tokens_per_s"] / hf["tokens_per_s"], 3),
         "rollouts_equal": [e.token_ids for e in hf_eps] == [e.token_ids for e in v_eps],
         "vllm_es_cost_per_member_s": round(sum(costs) / len(costs), 4),
         "vllm_es_cost_over_rollout": round(sum(costs) / len(costs) / vl["seconds"], 4),
-    }))
+    })
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 
 def _status() -> dict[str, int]:
@@ -111,7 +112,7 @@ def main() -> None:
             r = measure(path, tmp, tp, args.shard_fraction)
             r.pop("export")
             result[f"tp{tp}"] = r
-    print(json.dumps(result))
+    print_record("export", result)
 
 
 if __name__ == "__main__":

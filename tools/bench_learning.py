@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from esopt_mp.profiling.record import bench_record, print_record  # noqa: E402
 
 SMOLLM2 = "pypi:smollm2-135m-instruct"
 # The real-model tasks: their profile (configs/experiment), and what a benchmark run also needs.
@@ -338,15 +338,6 @@ def plot(reports: list[dict], png: str) -> str:
     return png
 
 
-def machine() -> dict:
-    import torch
-    import transformers
-
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="default", choices=sorted(TASKS))
@@ -371,7 +362,8 @@ def main() -> None:
     t0 = time.perf_counter()
     todo = plan(args.task, args.methods, args.episodes, args.overrides)
     results = run_all(args, todo)
-    report = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "machine": machine(),
+    head = bench_record("learning", {})  # the command, machine and versions of every benchmark's record
+    report = {"command": head["command"], "machine": head["machine"], "versions": head["versions"],
               "task": args.task, "about": TASKS[args.task]["about"], "model": TASKS[args.task]["model"],
               "plan": todo, "threads_per_run": args.threads, "jobs": args.jobs, "runs": results,
               "table": table(results), "wall_s": time.perf_counter() - t0}
@@ -380,7 +372,7 @@ def main() -> None:
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
     report["plot"] = plot([report], args.png or os.path.join(args.out, "report.png"))
-    print(json.dumps({"report": path, "plot": report["plot"], "table": report["table"]}))
+    print_record("learning", {"report": path, "plot": report["plot"], "table": report["table"]})
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 from esopt_mp.es import Perturber, local_noise, member_seed  # noqa: E402
 from esopt_mp.es.shard import LocalShard, ShardInfo  # noqa: E402
 from esopt_mp.es.ulp import ulp_drift  # noqa: E402
@@ -203,13 +204,13 @@ def main() -> None:
 
         reason = bc.skip_reason()
         if reason:
-            print(json.dumps({"skipped": True, "reason": reason}))
+            print_record("noise", {"skipped": True, "reason": reason})
             return
         dev = torch.device("cuda")
         result = bc.check(dev)
         if not args.check_only:
             result["bench"] = bc.bench(dev, 1 << (22 if args.quick else 27), 3 if args.quick else 5)
-        print(json.dumps(result))
+        print_record("noise", result)
         return
     # BENCH_THREADS, else OMP_NUM_THREADS (a test suite sharing the cores sets it), else two
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or 2))
@@ -222,7 +223,7 @@ def main() -> None:
         "memory": bench_memory(0.25 if quick else 110, 1 << (16 if quick else 22), backend),
         "drift_bf16": bench_drift(1 << (12 if quick else 20), 50 if quick else 1000, backend),
     }
-    print(json.dumps(result))
+    print_record("noise", result)
 
 
 if __name__ == "__main__":

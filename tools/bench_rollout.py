@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -206,7 +206,7 @@ def main() -> None:
                     help="timed rounds; each variant's best (least disturbed) wall time is reported")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS") or os.environ.get("OMP_NUM_THREADS") or 2))
-    print(json.dumps(run(args.episodes, args.turns, args.max_new_tokens, args.repeats)))
+    print_record("rollout", run(args.episodes, args.turns, args.max_new_tokens, args.repeats))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 
 class SlowSite:
@@ -136,8 +137,8 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=1.5, help="log-sd of the episode wait")
     ap.add_argument("--episodes", type=int, default=1, help="episodes per member and step")
     a = ap.parse_args()
-    print(json.dumps(run([int(x) for x in a.dps.split(",")], a.steps, a.population, a.median, a.sigma,
-                         a.episodes)))
+    print_record("schedule", run([int(x) for x in a.dps.split(",")], a.steps, a.population, a.median, a.sigma,
+                                 a.episodes))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ compiles the noise kernel). Prints one JSON object: each case's step time and, p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 SPIN = "import time\nt = time.time()\nwhile time.time() - t < 3600:\n    pass\n"
 
@@ -62,10 +62,6 @@ def main() -> None:
                     "start or a drifting machine weighs on every case alike); a case's figure is its mean")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every case")
     args = ap.parse_args()
-    import platform
-
-    import torch
-
     order = [(policy, busy) for policy in args.policies for busy in (False, True)]
     cases = []
     for r in range(args.rounds):
@@ -78,12 +74,9 @@ def main() -> None:
         mine = [c["step_s"] for c in cases if (c["policy"], c["busy"]) == (policy, busy)]
         mean[f"{policy}{'_busy' if busy else '_alone'}"] = sum(mine) / len(mine)
     ratios = {policy: mean[f"{policy}_busy"] / mean[f"{policy}_alone"] for policy in args.policies}
-    print(json.dumps({"command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-                      "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                                  "torch": torch.__version__},
-                      "cases": cases, "step_s": mean, "busy_over_alone": ratios,
-                      "passive_over_active_alone": (mean["PASSIVE_alone"] / mean["ACTIVE_alone"]
-                                                    if {"PASSIVE", "ACTIVE"} <= set(args.policies) else None)}))
+    print_record("threads", {"cases": cases, "step_s": mean, "busy_over_alone": ratios,
+                             "passive_over_active_alone": (mean["PASSIVE_alone"] / mean["ACTIVE_alone"]
+                                                           if {"PASSIVE", "ACTIVE"} <= set(args.policies) else None)})
 
 
 if __name__ == "__main__":

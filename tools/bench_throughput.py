@@ -11,7 +11,6 @@ Usage: python tools/bench_throughput.py [--steps 6] [key=value ...]   (prints on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 
 def measure(steps: int, overrides: list[str]) -> dict:
@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="ES steps measured (of the run's es.steps)")
     ap.add_argument("overrides", nargs="*", help="config overrides (key=value), as launch/train.py takes them")
     a = ap.parse_args()
-    print(json.dumps(measure(a.steps, a.overrides)))
+    print_record("throughput", measure(a.steps, a.overrides))
 
 
 if __name__ == "__main__":

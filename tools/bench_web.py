@@ -10,7 +10,6 @@ Memory: the summed PSS of one open episode's browser processes (Chromium's, play
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -18,6 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 
 def _browser_rss() -> int:
@@ -91,7 +91,7 @@ def main() -> None:
 
     web = WebConfig(settle_s=args.settle)
     runs = [play(n, args.episodes, web) for n in args.browsers]
-    print(json.dumps({"site": "demo (loopback)", "cpus": os.cpu_count(), "settle_s": args.settle, "runs": runs}))
+    print_record("web", {"site": "demo (loopback)", "settle_s": args.settle, "runs": runs})
 
 
 if __name__ == "__main__":

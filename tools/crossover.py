@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from esopt_mp.profiling.record import print_record  # noqa: E402
 
 from esopt_mp.runfiles import read_jsonl  # noqa: E402
 METHODS = ("es", "grpo", "ppo")
@@ -235,7 +236,7 @@ def main() -> None:
               "seconds": round(time.perf_counter() - t0, 1)}
     with open(os.path.join(args.out, "crossover.json"), "w") as f:
         json.dump(report, f, indent=1)
-    print(json.dumps(report))
+    print_record("crossover", report)
 
 
 if __name__ == "__main__":

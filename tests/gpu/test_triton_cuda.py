@@ -18,7 +18,7 @@ def test_cuda_kernels_equal_torch_reference_on_cuda():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_noise.py"), "--cuda", "--check-only"],
                          capture_output=True, text=True, env=env, timeout=600, check=True)
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res = json.loads(out.stdout.strip().splitlines()[-1])["figures"]
     if res.get("skipped"):
         pytest.skip(res["reason"])
     assert res["equal"] and all(res["equal"].values()), res

@@ -15,7 +15,9 @@ def bench():
     proc = subprocess.run([sys.executable, "tools/bench_comm.py", "--layouts", "1x2,2x1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    rec = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rec["benchmark"] == "comm" and rec["machine"]["cpu_count"] >= 1
+    return rec["figures"]
 
 
 def test_kernel_sees_at_least_what_was_counted(bench):

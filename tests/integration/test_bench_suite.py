@@ -1,4 +1,4 @@
-"""tools/bench.py: one JSON report of finite positive ratios; a failing section is reported and the rest still run."""
+"""tools/bench.py: one JSON record of finite positive ratios; a failing section is reported and the rest still run."""
 import json
 import math
 import os
@@ -27,8 +27,12 @@ def quick(tmp_path_factory):
 
 
 def test_report_schema_and_ratios(quick):
-    r, _ = quick
-    assert {"cpu_count", "torch", "transformers", "device", "torch_threads"} <= set(r["machine"])
+    rec, _ = quick
+    assert set(rec) == {"benchmark", "command", "machine", "versions", "figures"} and rec["benchmark"] == "suite"
+    assert {"cpu_count", "cpus_usable", "device", "torch_threads", "git_commit"} <= set(rec["machine"])
+    assert rec["versions"]["torch"] and rec["versions"]["transformers"]
+    assert rec["command"].startswith("python tools/bench.py --quick")
+    r = rec["figures"]
     assert r["quick"] is True and r["errors"] == {}
     assert r["sections"]["comm"] == r["sections"]["memory"] == r["sections"]["rollout"] == {"skipped": True}
     assert r["sections"]["endpoint"] == r["sections"]["schedule"] == {"skipped": True}
@@ -54,13 +58,14 @@ def test_report_schema_and_ratios(quick):
 
 
 def test_markdown_from_saved_report(quick):
-    r, out = quick
+    rec, out = quick
+    r = rec["figures"]
     proc = subprocess.run([sys.executable, "tools/bench.py", "--from-json", str(out), "--markdown"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == [k for k in r["ratios"] if k != "es_overhead.overhead_over_step"]
-    assert r["command"] in proc.stdout
+    assert rec["command"] in proc.stdout
 
 
 def test_a_failing_section_is_reported_and_the_others_run(monkeypatch, tmp_path):
@@ -78,7 +83,7 @@ def test_a_failing_section_is_reported_and_the_others_run(monkeypatch, tmp_path)
     assert r["errors"]["noise"] == "ValueError: broken on purpose" and "traceback" in r["sections"]["noise"]
     assert r["errors"]["memory"] == "tools/memprof.py not found"
     assert r["ratios"] == {"es_overhead.overhead_over_rollout": 0.5}
-    assert "| `memory.es_over_inference` | error |" in bench.markdown(r)
+    assert "| `memory.es_over_inference` | error |" in bench.markdown(bench.bench_record("suite", r))
 
 
 def test_memprof_report_is_read_from_stdout_or_its_out_dir(tmp_path):

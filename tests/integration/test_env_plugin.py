@@ -210,7 +210,7 @@ def test_the_horizon_crossover_runs_on_a_plugin_environment(example_installed, t
                         "env.max_turns=3", "engine.max_new_tokens=8", "env.n_train=16"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    report = json.loads(p.stdout.strip().splitlines()[-1])
+    report = json.loads(p.stdout.strip().splitlines()[-1])["figures"]
     assert report["env"] == "guess_number" and {r["method"] for r in report["runs"]} == {"es", "grpo"}
     assert all(r["episodes"] == 8 and 0.0 <= r["after"] <= 1.0 for r in report["runs"])
     assert os.path.getsize(report["plot"]) > 0

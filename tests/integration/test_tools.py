@@ -15,7 +15,10 @@ def _json(script, *args):
     proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, BENCH_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    rec = json.loads(proc.stdout.strip().splitlines()[-1])  # every benchmark's one record: its figures inside
+    assert set(rec) == {"benchmark", "command", "machine", "versions", "figures"}
+    assert rec["command"] == " ".join(["python", script, *args]), rec["command"]
+    return rec["figures"]
 
 
 def test_bench_noise_quick():

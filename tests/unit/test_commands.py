@@ -39,3 +39,38 @@ def test_a_verb_runs_its_script_with_its_exit_status_and_restores_the_process(ca
     assert "usage:" in capsys.readouterr().out
     assert main(["envs", "list"]) == 0
     assert "sudoku" in json.loads(capsys.readouterr().out)["builtin"]
+
+
+def test_bench_runs_one_benchmark_by_name_and_lists_them(capsys):
+    from esopt_mp.commands import BENCHMARKS
+
+    for name, (script, _) in BENCHMARKS.items():
+        assert (Path(ROOT) / script).is_file(), name
+    assert main(["bench", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {n} " in out for n in BENCHMARKS)
+    assert main(["bench", "lerning"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown benchmark 'lerning' (did you mean 'learning'?)" in err[0]
+    assert main(["bench", "learning", "--help"]) == 0
+    assert "--methods" in capsys.readouterr().out
+    assert main(["bench-learning", "--help"]) == 0  # the old spelling: the same, with a one-line notice
+    cap = capsys.readouterr()
+    assert "--methods" in cap.out and cap.err.startswith("note: 'esopt bench-learning' is now 'esopt bench learning'")
+
+
+def test_a_benchmark_record_names_the_command_as_typed(capsys, monkeypatch):
+    import os
+
+    from esopt_mp.profiling.record import bench_record, print_record
+
+    rec = bench_record("x", {"a": 1}, ["/somewhere/tools/bench_x.py", "--quick"])
+    assert set(rec) == {"benchmark", "command", "machine", "versions", "figures"}
+    assert rec["figures"] == {"a": 1} and rec["command"].endswith("bench_x.py --quick")
+    assert rec["versions"]["torch"] and rec["machine"]["cpus_usable"] >= 1
+    monkeypatch.setenv("ESOPT_PROG", "esopt bench x")
+    monkeypatch.setattr(sys, "argv", ["tools/bench_x.py", "--quick"])
+    assert print_record("x", {"a": 1})["command"] == "esopt bench x --quick"
+    assert json.loads(capsys.readouterr().out)["command"] == "esopt bench x --quick"
+    monkeypatch.delenv("ESOPT_PROG")
+    assert "ESOPT_PROG" not in os.environ

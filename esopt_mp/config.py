@@ -194,6 +194,12 @@ class TrainConfig:
             check(self.objective.concurrency <= self.endpoint.max_connections, "objective.concurrency",
                   f"{self.objective.concurrency} episodes at once would hold more connections than "
                   f"endpoint.max_connections={self.endpoint.max_connections} lets in; lower it or raise that")
+        if self.env.common_draws:  # otherwise accepted, hashed and never used
+            check(self.algo.name == "es" and self.objective.episodic, "env.common_draws",
+                  f"ES members' episode draws: needs algo=es with objective=agent or harness (the baselines' "
+                  f"groups always draw their own), got algo={self.algo.name}, objective={self.objective.name}")
+            check(self.engine.temperature > 0, "env.common_draws",
+                  "greedy training episodes (engine.temperature=0) draw nothing: set engine.temperature > 0")
         if self.algo.name != "es":
             a = self.algo
             check(self.objective.name != "harness", "objective.name",

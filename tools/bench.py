@@ -262,7 +262,7 @@ def run(a) -> dict:
 
 def markdown(record: dict) -> str:
     """The headline ratios of a suite's record as a markdown table, under the command and machine it ran on."""
-    m, report = record["machine"], record["figures"]
+    m, report = record["machine"], record.get("figures", record)  # a report saved before the record: flat
     rows = ["| figure | ratio | compares |", "|---|---:|---|"]
     for key, what in HEADLINES.items():
         sec = report["sections"].get(key.split(".")[0], {})
@@ -279,13 +279,15 @@ def markdown(record: dict) -> str:
             mdl = sec["model"]
             what = f"{what} ({mdl.get('shape')}, {mdl.get('params', 0) / 1e9:.2f} B params, tp={mdl.get('tp')})"
         rows.append(f"| `{key}` | {cell} | {what} |")
-    head = (f"`{record['command']}` on {m['device']}, {m['cpus_usable']} CPUs, torch {record['versions']['torch']} "
+    head = (f"`{record['command']}` on {m['device']}, {m['cpus_usable']} CPUs, torch {record.get('versions', m)['torch']} "
             f"({report['seconds_total']:.0f} s)")
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="One benchmark alone: esopt bench NAME [its options]; esopt bench list names "
+                                        "them.")
     ap.add_argument("--quick", action="store_true", help="small sizes in every section (smoke test, ~1 min)")
     ap.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {','.join(SECTIONS)}")
     ap.add_argument("--out", help="also write the JSON report to this file")

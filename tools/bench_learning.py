@@ -360,9 +360,9 @@ def main() -> None:
     args.out = os.path.abspath(args.out or os.path.join(ROOT, "bench", f"learning-{args.task}"))
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     t0 = time.perf_counter()
+    head = bench_record("learning", {})  # the command, machine, versions and commit the runs start with
     todo = plan(args.task, args.methods, args.episodes, args.overrides)
     results = run_all(args, todo)
-    head = bench_record("learning", {})  # the command, machine and versions of every benchmark's record
     report = {"command": head["command"], "machine": head["machine"], "versions": head["versions"],
               "task": args.task, "about": TASKS[args.task]["about"], "model": TASKS[args.task]["model"],
               "plan": todo, "threads_per_run": args.threads, "jobs": args.jobs, "runs": results,

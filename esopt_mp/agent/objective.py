@@ -1,7 +1,7 @@
 """ES objective over agent episodes: a member's return is its mean episode return.
 
 Every member of a step plays the same tasks (common random numbers, drawn from the run's ``tasks`` stream); token
-sampling uses the ``episode`` stream. The TP leader of each dp group plays the episodes; its peers join the forward
+sampling uses the ``episode`` stream (``common_episode`` with ``env.common_draws``: every member alike). The TP leader of each dp group plays the episodes; its peers join the forward
 passes. An episode the model failed (an environment error its text caused, its wall clock) scores the environment's
 failure return; only an infrastructure fault is NaN and left out of the member's mean. Each kind is counted
 (:meth:`AgentObjective.take_failures`); held-out evaluation is :class:`esopt_mp.agent.held_out.HeldOut`'s.
@@ -30,7 +30,7 @@ class AgentObjective:
         # a context optimiser shares the step's episodes out by slot: consecutive within the step (EoH: every
         # operator equally often, +-1) and shifted by the step (an operator the step has too few slots for runs at
         # later steps); both members of a mirrored pair play the same slots and contexts (operator and parents),
-        # their token sampling differs as any two members' does
+        # their token sampling differs as any two members' does (unless env.common_draws)
         slots = [member.step + member.pair * len(tasks) + e for e in range(len(tasks))]
         ctx_seeds = [stream_seed(p.run_seed, "context", member.step, k) for k in slots]
         ctx = {} if self.context is None else {"render": self.context.render, "context": self.context.hash}

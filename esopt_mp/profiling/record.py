@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 
 from esopt_mp.profiling.versions import library_versions
@@ -17,22 +18,41 @@ from esopt_mp.profiling.versions import library_versions
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def git_commit() -> str | None:
-    """The checkout's commit, read from ``.git`` (no git process), when the package runs from a git checkout."""
+def _git_dir() -> str | None:
+    """The checkout's git directory: ``.git``, or where a worktree's ``.git`` file points (``gitdir: ...``)."""
     git = os.path.join(ROOT, ".git")
+    if os.path.isfile(git):
+        with open(git) as f:
+            line = f.read().strip()
+        if not line.startswith("gitdir: "):
+            return None
+        git = os.path.normpath(os.path.join(ROOT, line[len("gitdir: "):]))
+    return git if os.path.isdir(git) else None
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, read from its git directory (no git process; worktrees, a detached HEAD and packed
+    refs included), or None outside a git checkout."""
     try:
+        git = _git_dir()
+        if git is None:
+            return None
         with open(os.path.join(git, "HEAD")) as f:
             head = f.read().strip()
         if not head.startswith("ref: "):
             return head or None  # a detached HEAD holds the commit itself
         ref = head[5:]
-        try:
-            with open(os.path.join(git, ref)) as f:
-                return f.read().strip() or None
-        except FileNotFoundError:  # packed by git gc: "<sha> <ref>" lines
-            with open(os.path.join(git, "packed-refs")) as f:
-                return next((line.split()[0] for line in f if line.rstrip().endswith(" " + ref)), None)
-    except OSError:  # not a checkout (an installed package), or a worktree's .git file
+        common = git  # a worktree keeps its HEAD and shares the main checkout's refs (its "commondir")
+        if os.path.isfile(os.path.join(git, "commondir")):
+            with open(os.path.join(git, "commondir")) as f:
+                common = os.path.normpath(os.path.join(git, f.read().strip()))
+        for d in dict.fromkeys((git, common)):
+            if os.path.isfile(os.path.join(d, ref)):
+                with open(os.path.join(d, ref)) as f:
+                    return f.read().strip() or None
+        with open(os.path.join(common, "packed-refs")) as f:  # packed by git gc: "<sha> <ref>" lines
+            return next((line.split()[0] for line in f if line.rstrip().endswith(" " + ref)), None)
+    except OSError:
         return None
 
 
@@ -51,8 +71,8 @@ def command_line(argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     prog = os.environ.get("ESOPT_PROG")  # set by the `esopt` command: its spelling, not the script's path
     if prog:
-        return " ".join([prog, *argv[1:]])
-    return " ".join(["python", os.path.relpath(argv[0], ROOT) if argv and argv[0] else "-", *argv[1:]])
+        return shlex.join([*prog.split(), *argv[1:]])
+    return shlex.join(["python", os.path.relpath(argv[0], ROOT) if argv and argv[0] else "-", *argv[1:]])
 
 
 def bench_record(name: str, figures: dict, argv: list[str] | None = None) -> dict:

@@ -71,18 +71,26 @@ def materialise(config, seed: int = 0, dtype: torch.dtype = torch.bfloat16, devi
     return model
 
 
+def _draw_device(config) -> str:
+    """CUDA if the whole bf16 model fits in the current GPU's free memory with 20% to spare, else the CPU (the
+    checkpoint is unsharded: a shape profiled at tp > 1 may not fit on one GPU)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "cuda" if torch.cuda.mem_get_info()[0] > 1.2 * 2 * param_count(config) else "cpu"
+
+
 def write_random_checkpoint(shape: str, path: str, seed: int = 0, device: str | None = None) -> str:
     """Random bf16 weights of ``shape`` plus a local tokenizer saved to ``path`` (idempotent, atomic).
 
-    ``device``: where the weights are drawn; by default CUDA when there is one (a 4B shape's initialisation
-    takes minutes on a CPU, about a second on a GPU)."""
+    ``device``: where the weights are drawn; by default CUDA when the whole model fits in its free memory with a
+    fifth to spare (a 4B shape's initialisation takes minutes on a CPU, seconds on a GPU), else the CPU."""
     from esopt_mp.profiling.workload import build_tokenizer
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     config = shape_config(shape)
     tmp = f"{path}.tmp{os.getpid()}"
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or _draw_device(config)
     model = materialise(config, seed, device=device)
     model.save_pretrained(tmp, max_shard_size="256MB")
     del model

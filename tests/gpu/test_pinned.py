@@ -6,11 +6,12 @@ from esopt_mp.es import Perturber
 from esopt_mp.es.shard import LocalShard, ShardInfo
 
 pytestmark = pytest.mark.gpu
-KEY = "allocated_bytes.current"  # torch.cuda.host_memory_stats(): the caching host allocator's bytes, cached or not
-ACTIVE = "active_bytes.current"  # those handed out now
+# torch.cuda.host_memory_stats(): the caching host allocator's bytes handed out now (its "allocated" bytes would
+# not grow when a block an earlier test freed is handed out again)
+ACTIVE = "active_bytes.current"
 
 
-def _caching_host_bytes(key: str = KEY) -> int:
+def _caching_host_bytes(key: str = ACTIVE) -> int:
     return int(torch.cuda.host_memory_stats().get(key, 0))
 
 
@@ -29,7 +30,7 @@ def test_pinned_bytes_equal_shard_bytes(dtype, master):
     # a CUDA scalar read back (torch.equal, .item()) goes through the caching host allocator in a block of at most
     # 8 bytes; one now, so that the figure below counts only what the Perturber takes
     assert torch.equal(shards[-1].tensor, shards[-1].tensor)
-    cached = _caching_host_bytes()
+    active = _caching_host_bytes(ACTIVE)  # handed out now: a block cached by an earlier test counts once reused
     p = Perturber(shards, restore="snapshot", master=master)
     p.perturb(11, 0.05)
     assert not torch.equal(shards[0].tensor, original[0])
@@ -37,13 +38,12 @@ def test_pinned_bytes_equal_shard_bytes(dtype, master):
     host = p.master_host if master == "fp32_host" else p.snapshot_host
     assert host.pinned and all(t.is_pinned() for t in host.tensors)
     assert host.nbytes == n == p.host_bytes  # each shard's bytes are a multiple of 64: no padding at all
-    # nothing the size of a shard went through the rounding caching host allocator (scalar read-backs may)
-    assert _caching_host_bytes() - cached < min(s.tensor.numel() for s in shards) * elem
+    # nothing the size of a shard is held from the rounding caching host allocator (scalar read-backs may be)
+    assert _caching_host_bytes(ACTIVE) - active < min(s.tensor.numel() for s in shards) * elem
     if master == "none":
         assert all(torch.equal(s.tensor, o) for s, o in zip(shards, original))  # bit-exact restore
-    active = _caching_host_bytes(ACTIVE)
     rounded = torch.empty(n, dtype=torch.uint8, pin_memory=True)  # what the old code did, for the record
-    assert _caching_host_bytes(ACTIVE) - active >= n  # (active: a block cached by an earlier test is reused)
+    assert _caching_host_bytes(ACTIVE) - active >= n
     del rounded
     host.release()
     assert not host.pinned

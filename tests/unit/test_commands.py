@@ -74,3 +74,28 @@ def test_a_benchmark_record_names_the_command_as_typed(capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["command"] == "esopt bench x --quick"
     monkeypatch.delenv("ESOPT_PROG")
     assert "ESOPT_PROG" not in os.environ
+
+
+def test_the_records_commit_is_read_from_a_checkout_a_worktree_and_packed_refs(tmp_path, monkeypatch):
+    from esopt_mp.profiling import record
+
+    main, wt = tmp_path / "main", tmp_path / "wt"
+    git = main / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
+    monkeypatch.setattr(record, "ROOT", str(main))
+    assert record.git_commit() == "a" * 40
+    own = git / "worktrees" / "wt"  # a worktree on a branch whose ref git gc packed
+    own.mkdir(parents=True)
+    (own / "HEAD").write_text("ref: refs/heads/topic\n")
+    (own / "commondir").write_text("../..\n")
+    (git / "packed-refs").write_text("# pack-refs with: peeled\n" + "b" * 40 + " refs/heads/topic\n")
+    wt.mkdir()
+    (wt / ".git").write_text(f"gitdir: {own}\n")
+    monkeypatch.setattr(record, "ROOT", str(wt))
+    assert record.git_commit() == "b" * 40
+    (own / "HEAD").write_text("c" * 40 + "\n")  # detached
+    assert record.git_commit() == "c" * 40
+    monkeypatch.setattr(record, "ROOT", str(tmp_path))  # not a checkout
+    assert record.git_commit() is None

@@ -36,6 +36,19 @@ def test_common_draws_are_in_the_config_hash_only_when_set():
     from esopt_mp.config import build_config
     from esopt_mp.identity import config_hash
 
-    base = config_hash(build_config({}), None)
-    assert config_hash(build_config({"env": {"common_draws": False}}), None) == base  # runs from before keep theirs
-    assert config_hash(build_config({"env": {"common_draws": True}}), None) != base
+    sampled = {"engine": {"temperature": 0.7}, "objective": {"name": "agent"}}
+    base = config_hash(build_config(sampled), None)
+    assert config_hash(build_config({**sampled, "env": {"common_draws": False}}), None) == base  # earlier runs' hash
+    assert config_hash(build_config({**sampled, "env": {"common_draws": True}}), None) != base
+
+
+def test_common_draws_are_refused_where_nothing_would_use_them():
+    import pytest
+
+    from esopt_mp.config import build_config
+    from esopt_mp.typed import ConfigError
+
+    with pytest.raises(ConfigError, match="env.common_draws: greedy training episodes"):
+        build_config({"env": {"common_draws": True}, "engine": {"temperature": 0.0}, "objective": {"name": "agent"}})
+    with pytest.raises(ConfigError, match="env.common_draws: ES members' episode draws: needs algo=es"):
+        build_config({"env": {"common_draws": True}, "engine": {"temperature": 0.7}, "algo": {"name": "grpo"}})

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from esopt_mp.agent.episodes import step_task_indices
 from esopt_mp.agent.loop import build_agent_config
 from esopt_mp.baselines import build_baseline, build_token_batch
 from esopt_mp.build import build_engine, build_tokenizer
@@ -85,8 +86,6 @@ class BaselineTrainer:
     # ------------------------------------------------------------------ rollouts
     def step_tasks(self, step: int) -> list[int]:
         """Indices of the step's training tasks, drawn as ES draws them."""
-        from esopt_mp.agent.episodes import step_task_indices
-
         return step_task_indices(len(self.player.train_tasks), self.seed, step, self.algo.tasks_per_step)
 
     def rollouts(self, step: int):

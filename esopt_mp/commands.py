@@ -48,10 +48,14 @@ BENCHMARKS = {
 RENAMED = {"bench-learning": ["bench", "learning"]}
 
 
+def _listing(entries: dict) -> str:
+    """``name  help`` lines, names aligned: the commands in :func:`usage`, the benchmarks in ``esopt bench list``."""
+    width = max(map(len, entries))
+    return "".join(f"  {n:<{width}}  {h}\n" for n, (_, h) in entries.items())
+
+
 def usage() -> str:
-    width = max(map(len, VERBS))
-    return ("usage: esopt <command> [options]\n\ncommands:\n"
-            + "".join(f"  {v:<{width}}  {h}\n" for v, (_, h) in VERBS.items())
+    return ("usage: esopt <command> [options]\n\ncommands:\n" + _listing(VERBS)
             + "\n'esopt <command> --help' shows a command's options.")
 
 
@@ -67,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = [*new, *argv[1:]]
     verb, rest = argv[0], argv[1:]
     if verb == "bench" and rest and rest[0] == "list":
-        width = max(map(len, BENCHMARKS))
-        print("esopt bench runs the suite; esopt bench NAME one benchmark:\n"
-              + "".join(f"  {n:<{width}}  {h}\n" for n, (_, h) in BENCHMARKS.items()), end="")
+        print("esopt bench runs the suite; esopt bench NAME one benchmark:\n" + _listing(BENCHMARKS), end="")
         return 0
     if verb == "bench" and rest and not rest[0].startswith("-"):  # one benchmark by name; options: the suite
         if rest[0] not in BENCHMARKS:

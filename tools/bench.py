@@ -279,7 +279,8 @@ def markdown(record: dict) -> str:
             mdl = sec["model"]
             what = f"{what} ({mdl.get('shape')}, {mdl.get('params', 0) / 1e9:.2f} B params, tp={mdl.get('tp')})"
         rows.append(f"| `{key}` | {cell} | {what} |")
-    head = (f"`{record['command']}` on {m['device']}, {m['cpus_usable']} CPUs, torch {record.get('versions', m)['torch']} "
+    torch_version = record.get("versions", m)["torch"]  # a report saved before the record kept it in "machine"
+    head = (f"`{record['command']}` on {m['device']}, {m['cpus_usable']} CPUs, torch {torch_version} "
             f"({report['seconds_total']:.0f} s)")
     return head + "\n\n" + "\n".join(rows) + "\n"
 

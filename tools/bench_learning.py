@@ -30,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from esopt_mp.profiling.record import bench_record, print_record  # noqa: E402
+from esopt_mp.profiling.record import bench_record  # noqa: E402
 
 SMOLLM2 = "pypi:smollm2-135m-instruct"
 # The real-model tasks: their profile (configs/experiment), and what a benchmark run also needs.
@@ -372,7 +372,7 @@ def main() -> None:
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
     report["plot"] = plot([report], args.png or os.path.join(args.out, "report.png"))
-    print_record("learning", {"report": path, "plot": report["plot"], "table": report["table"]})
+    print(json.dumps({**head, "figures": {"report": path, "plot": report["plot"], "table": report["table"]}}))
 
 
 if __name__ == "__main__":

@@ -307,7 +307,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             path = write_random_checkpoint(shape, os.path.join(args.dir or tmp, shape))
             res["checkpoint_s"] = round(time.perf_counter() - t0, 1)
-            _progress(f"random {shape} checkpoint written")
+            _progress(f"random {shape} checkpoint ready")  # written now, or kept from a run before
             hf = hf_engine = hf_weights = None
             if "hf" in engines:
                 try:

@@ -1,8 +1,8 @@
 """ES objective over agent episodes: a member's return is its mean episode return.
 
 Every member of a step plays the same tasks (common random numbers, drawn from the run's ``tasks`` stream); token
-sampling uses the ``episode`` stream (``common_episode`` with ``env.common_draws``: every member alike). The TP leader of each dp group plays the episodes; its peers join the forward
-passes. An episode the model failed (an environment error its text caused, its wall clock) scores the environment's
+sampling uses the ``episode`` stream (``common_episode`` with ``env.common_draws``: every member alike). The TP
+leader of each dp group plays the episodes; its peers join the forward passes. An episode the model failed (an environment error its text caused, its wall clock) scores the environment's
 failure return; only an infrastructure fault is NaN and left out of the member's mean. Each kind is counted
 (:meth:`AgentObjective.take_failures`); held-out evaluation is :class:`esopt_mp.agent.held_out.HeldOut`'s.
 """

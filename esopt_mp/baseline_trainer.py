@@ -29,7 +29,7 @@ from esopt_mp.build import build_engine, build_tokenizer
 from esopt_mp.checkpoint import CheckpointError
 from esopt_mp.resume import agree_on_failure
 from esopt_mp.config import TrainConfig
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from esopt_mp.core.errors import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
 from esopt_mp.identity import config_identity

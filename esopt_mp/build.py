@@ -84,8 +84,7 @@ def _build_agent(cfg, dims, path, *, model, engine, tokenizer) -> Built:
     on the player (skill hooks, the seed program's fitness); the objective on both."""
     import logging
 
-    from esopt_mp.agent.episodes import EpisodePlayer
-    from esopt_mp.agent.objective import AgentObjective
+    from esopt_mp.agent.episodes import AgentObjective, EpisodePlayer
     from esopt_mp.runfiles import trajectories_file
 
     tokenizer = build_tokenizer(path, tokenizer)

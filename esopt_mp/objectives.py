@@ -3,7 +3,7 @@
 Every objective answers the trainer the same few calls: ``evaluate_member(member)`` (a perturbed member's return),
 ``evaluate_held_out()`` (the unperturbed weights' held-out score and its details), ``take_failures()`` (failed
 episodes by kind; None: no episodes), ``take_trajectories()`` and ``recent_errors``. Agent environments (Sudoku, ReAct
-math, ...) plug in through :class:`esopt_mp.agent.objective.AgentObjective`. These two exist for the parallel core:
+math, ...) plug in through :class:`esopt_mp.agent.episodes.AgentObjective`. These two exist for the parallel core:
 
 - ``target_logprob``: mean log-likelihood of fixed target continuations
   (a copy task over random token prompts), one batched teacher-forced forward.
@@ -13,30 +13,16 @@ math, ...) plug in through :class:`esopt_mp.agent.objective.AgentObjective`. The
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
-from esopt_mp.es.seeds import M64, splitmix64
+from esopt_mp.es.seeds import M64, Member, splitmix64
 
 if TYPE_CHECKING:
     import torch
 
 
-@dataclasses.dataclass(frozen=True)
-class Member:
-    step: int
-    index: int
-    seed: int
-    sign: int
-    pair: int = -1  # mirrored sampling: index // 2 (both signs of one seed); else the index
-
-    def __post_init__(self):
-        if self.pair < 0:
-            object.__setattr__(self, "pair", self.index)
-
-
 class Objective(Protocol):
-    """What the ES trainer asks of an objective (``esopt_mp.agent.objective.AgentObjective`` is the agent's)."""
+    """What the ES trainer asks of an objective (``esopt_mp.agent.episodes.AgentObjective`` is the agent's)."""
 
     def evaluate_member(self, member: Member) -> float:
         """The return of ``member`` (its perturbation applied to the weights by the trainer)."""
@@ -115,7 +101,7 @@ class TargetLogProb(_Episodeless):
         return self.score(self.model, self.eval_ids), {}
 
 
-# "agent" episodes need the tokenizer and engine: the trainer builds esopt_mp.agent.objective.AgentObjective;
+# "agent" episodes need the tokenizer and engine: the trainer builds esopt_mp.agent.episodes.AgentObjective;
 # "harness" also an endpoint server: esopt_mp.agent.harness.HarnessObjective
 OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None, "harness": None}
 

@@ -14,7 +14,7 @@ from esopt_mp.checkpoint import (CHUNKS, CheckpointError, CheckpointMismatch, Ch
 from esopt_mp.dcp_boxes import JsonMetadataReader, box_state_dict, check_coverage
 from esopt_mp.identity import diff_identity
 from esopt_mp.ledger import LedgerError, updates_digest
-from esopt_mp.parallel.agreement import first_failure
+from esopt_mp.parallel.collectives import first_failure
 
 log = logging.getLogger(__name__)
 __all__ = ["agree_on_failure", "check_identity", "load_checkpoint_", "replay_", "restore_run_"]
@@ -67,7 +67,7 @@ def load_checkpoint_(path: str, perturber, dims=None, identity: dict | None = No
 
 
 def agree_on_failure(dims, error: Exception | None, what: str) -> None:
-    """One verdict for all ranks (:func:`esopt_mp.parallel.agreement.first_failure`): if any rank's ``error`` is set,
+    """One verdict for all ranks (:func:`esopt_mp.parallel.collectives.first_failure`): if any rank's ``error`` is set,
     every rank raises the same line, at once. The lowest failing rank's error decides the line and the class (one
     of this module's, else RuntimeError). One process: ``error`` as it is."""
     if dims.world_size == 1:

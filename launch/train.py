@@ -109,7 +109,7 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
     from esopt_mp.parallel import close_distributed, cpu_threads, discover, init_distributed
-    from esopt_mp.parallel.agreement import lost_peer
+    from esopt_mp.parallel.collectives import lost_peer
     from esopt_mp.runfiles import RunFileError
     from esopt_mp.runner import build_trainer, run
     from esopt_mp.startup import check_start, dry_run

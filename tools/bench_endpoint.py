@@ -145,7 +145,7 @@ def run(sessions: int = 8, turns: int = 3, max_new_tokens: int = 16, repeats: in
 
     from esopt_mp.endpoint import EndpointConfig, EndpointServer
     from esopt_mp.engine.hf import HFEngine
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
 
     tok = AutoTokenizer.from_pretrained(AGENT)
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(AGENT).eval(), tok)

@@ -35,7 +35,7 @@ def build_model(path: str, arch: str) -> str:
 
 def play(engine, tasks, seeds, max_turns: int, max_new_tokens: int):
     from esopt_mp.agent.loop import AgentConfig, run_episodes
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.envs import make
 
     cfg = AgentConfig(max_turns, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))

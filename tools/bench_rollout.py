@@ -137,7 +137,7 @@ def run(episodes: int = 16, turns: int = 6, max_new_tokens: int = 10, repeats: i
     transformers.logging.set_verbosity_error()
     from esopt_mp.agent.loop import AgentConfig, run_episodes
     from esopt_mp.engine.hf import HFEngine
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.envs import make
     from esopt_mp.envs.sudoku import generate
 

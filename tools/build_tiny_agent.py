@@ -27,7 +27,7 @@ ARCH = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4,
 def held_out_success(model, tok, tasks, max_turns: int) -> dict:
     from esopt_mp.agent.loop import AgentConfig, run_episodes
     from esopt_mp.engine.hf import HFEngine
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.envs import make
 
     envs = [make("sudoku", max_turns=max_turns, **ENV) for _ in tasks]

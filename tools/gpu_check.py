@@ -73,7 +73,7 @@ def workload(engine, vocab: int, batch: int, turns: int, new_tokens: int, seed: 
     """(generated tokens, seconds) of ``batch`` conversations x ``turns`` turns, fixed prompts, EOS ignored."""
     import torch
 
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
     convs = [engine.new_conversation(i, seed * 1009 + i) for i in range(batch)]

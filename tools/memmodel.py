@@ -43,7 +43,7 @@ from esopt_mp.models.presets import _COMMON
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers import AutoModelForCausalLM
 from esopt_mp.engine.hf import HFEngine  # imported before the baseline: library code is not workload memory
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from esopt_mp.es import Perturber, build_local_shards
 proc = psutil.Process()
 peak = [0]

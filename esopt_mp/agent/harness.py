@@ -20,9 +20,9 @@ from esopt_mp.agent.harness_run import (HarnessError, HarnessPool, callable_job,
                                         load_callable)
 from esopt_mp.agent.held_out import HeldOut
 from esopt_mp.agent.loop import Episode
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from esopt_mp.engine.tp import replicated
-from esopt_mp.parallel.agreement import first_failure
+from esopt_mp.parallel.collectives import first_failure
 from esopt_mp.runfiles import open_run_file
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def harness_tasks(obj_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
 
 
 def agree(dims, error: str | None) -> None:
-    """One verdict for all ranks (:func:`esopt_mp.parallel.agreement.first_failure`): if any rank's ``error`` is set,
+    """One verdict for all ranks (:func:`esopt_mp.parallel.collectives.first_failure`): if any rank's ``error`` is set,
     every rank raises :class:`HarnessError` with the lowest failing rank's line."""
     found = first_failure(dims, error or None)
     if found is not None:

@@ -1,4 +1,4 @@
-"""ChatML rendering (Qwen's format) and the token deltas of a growing conversation.
+"""ChatML rendering (Qwen's format), the token deltas of a growing conversation, and a reply as valid text.
 
 Turn 1 encodes the opening messages plus the generation prompt. Every later
 turn appends only the *delta* after the model's own tokens: the end of the
@@ -25,6 +25,12 @@ def opening_text(messages: list[dict]) -> str:
 
 def delta_text(ended_with_im_end: bool, messages: list[dict]) -> str:
     return ("\n" if ended_with_im_end else f"{IM_END}\n") + "".join(render_message(m) for m in messages) + GEN_PROMPT
+
+
+def clean_text(s: str) -> str:
+    """``s`` as valid UTF-8 text: a lone surrogate (a JSON ``\\ud800`` escape) becomes U+FFFD, so whatever runs
+    the argument (a sandbox writing it to a pipe) can encode it."""
+    return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")  # a valid pair joins
 
 
 CHAT_TEMPLATE = (

@@ -21,6 +21,8 @@ import dataclasses
 import json
 import re
 
+from esopt_mp.chat.format import clean_text
+
 
 @dataclasses.dataclass
 class ToolCall:
@@ -32,12 +34,6 @@ class ToolCall:
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _FUNC = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
-
-
-def clean_text(s: str) -> str:
-    """``s`` as valid UTF-8 text: a lone surrogate (a JSON ``\\ud800`` escape) becomes U+FFFD, so whatever runs
-    the argument (a sandbox writing it to a pipe) can encode it."""
-    return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")  # a valid pair joins
 
 
 MAX_CALLS = 4  # tool calls run per reply (the rest are answered "not run"): a turn's time stays bounded

@@ -16,8 +16,7 @@ from esopt_mp.chat.format import IM_END
 from esopt_mp.endpoint.protocol import RequestError
 from esopt_mp.endpoint.render import continuation_text, parse_reply, prompt_text
 from esopt_mp.endpoint.sessions import Thread
-from esopt_mp.engine.base import generate_capped
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams, generate_capped
 
 
 @dataclasses.dataclass

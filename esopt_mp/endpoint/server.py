@@ -27,7 +27,7 @@ from esopt_mp.endpoint.config import EndpointConfig, EndpointError
 from esopt_mp.endpoint.protocol import (ENDED, RequestError, completion, models_list, not_served, parse_request,
                                         reply_message, request_cap, sse_chunks, usage)
 from esopt_mp.endpoint.sessions import Sessions
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from esopt_mp.engine.tp import replicated
 
 _MISSING = "the endpoint needs FastAPI and uvicorn: pip install 'esopt_mp[endpoint]'"

@@ -1,6 +1,6 @@
 """The ``engine`` section: which generation engine plays the episodes and its sampling settings. Plain Python.
 
-The sampling defaults here are :class:`~esopt_mp.engine.sampling.SamplingParams`' too (it reads them from this
+The sampling defaults here are :class:`~esopt_mp.engine.base.SamplingParams`' too (it reads them from this
 class), and both check them with :func:`check_sampling`.
 """
 from __future__ import annotations

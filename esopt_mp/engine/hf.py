@@ -20,8 +20,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from esopt_mp.engine.base import EngineStats, Generation, eos_ids, pad_id, reply_text
-from esopt_mp.engine.sampling import SamplingParams, check_caps, sample
+from esopt_mp.engine.base import (
+    EngineStats, Generation, SamplingParams, check_caps, eos_ids, pad_id, reply_text, sample,
+)
 
 
 @dataclasses.dataclass

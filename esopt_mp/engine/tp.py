@@ -15,8 +15,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from esopt_mp.engine.base import Engine, Generation, generate_capped
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import Engine, Generation, SamplingParams, generate_capped
 
 T = TypeVar("T")
 

@@ -33,8 +33,7 @@ import time
 
 import torch
 
-from esopt_mp.engine.base import EngineStats, Generation, eos_ids, pad_id, reply_text
-from esopt_mp.engine.sampling import check_caps
+from esopt_mp.engine.base import EngineStats, Generation, check_caps, eos_ids, pad_id, reply_text
 
 log = logging.getLogger(__name__)
 

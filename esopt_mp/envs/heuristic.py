@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from esopt_mp.chat.toolcalls import build_parser, clean_text
+from esopt_mp.chat.format import clean_text
+from esopt_mp.chat.toolcalls import build_parser
 from esopt_mp.envs.spec import EnvSpec
 from esopt_mp.envs.sandbox import Sandbox, SandboxConfig, SandboxLimits
 

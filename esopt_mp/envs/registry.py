@@ -295,6 +295,16 @@ class FactorySpec(EnvSpec):
             raise ValueError(f"environment {self.name!r}: tasks({split!r}, ...) are not JSON: {e}") from None
         return tasks
 
+    def identity(self, section) -> dict:
+        """The section as hashed; a field the factory lists in ``hashed_when_set`` (name -> default) is left out
+        at its default, so runs from before the field keep their hash."""
+        d = super().identity(section)
+        own = d.get(self.name, {})
+        for k, default in (getattr(self.factory, "hashed_when_set", None) or {}).items():
+            if k in own and own[k] == default:
+                own.pop(k)
+        return d
+
     def task_key(self, task: dict) -> str:
         fn = getattr(self.factory, "task_key", None)  # the factory's own notion of the same task, if it has one
         if not callable(fn):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from esopt_mp.es.schedules import KINDS as SCHEDULE_KINDS, check_schedule
+from esopt_mp.es.seeds import KINDS as SCHEDULE_KINDS, check_schedule
 from esopt_mp.typed import check, check_choice
 
 RESTORE_MODES = ("subtract", "snapshot")  # subtract: theta - sigma*eps (no copy); snapshot: exact copy back

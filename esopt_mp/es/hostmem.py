@@ -1,4 +1,5 @@
-"""Host copies of the local shards in one exact-size allocation, pinned on CUDA.
+"""Host memory of an ES step: copies of the local shards in one exact-size allocation, pinned on CUDA, and the
+freed heap given back to the kernel. Imports torch only when a copy is made (the memory sampler trims too).
 
 ``torch.empty(..., pin_memory=True)`` goes through torch's caching host
 allocator, which rounds every allocation up to a power of two
@@ -11,13 +12,38 @@ on a GPU and unregisters it when released, so host memory is the shards' size.
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _ALIGN = 64
+_TRIM = []  # [the C library's malloc_trim, or None], looked up once
 
 
-def _unregister(ptr: int, buffer: torch.Tensor) -> None:
+def malloc_trim() -> bool:
+    """Return glibc's free heap pages to the kernel (``malloc_trim(0)``); False where the C library lacks it.
+
+    An ES step frees its noise buffers and member copies in large blocks that glibc's allocator keeps; the trainer
+    trims after the update so the next step's resident set starts from what is live."""
+    if not _TRIM:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None).malloc_trim
+            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
+            fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is None:
+        return False
+    _TRIM[0](0)
+    return True
+
+
+def _unregister(ptr: int, buffer: "torch.Tensor") -> None:
+    import torch
+
     torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
@@ -25,6 +51,8 @@ class HostCopies:
     """Host tensors shaped like ``tensors`` (optionally in another dtype), views of one buffer."""
 
     def __init__(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None):
+        import torch
+
         offsets, total = [], 0
         for t in tensors:
             offsets.append(total)

@@ -293,7 +293,8 @@ class Perturber:
         alpha = _finite("alpha", alpha, nonneg=True)
         weight_decay = _finite("weight_decay", weight_decay, nonneg=True)
         rule = self.decay_to if decay_to is None else decay_to
-        check_choice(rule, DECAY_TARGETS, "es.decay_to")
+        if rule not in DECAY_TARGETS:
+            check_choice(rule, DECAY_TARGETS, "es.decay_to")  # the config's own line
         if rule == "start" and self._start is None:
             raise RuntimeError("decay_to='start' needs the run's starting weights: build the Perturber with "
                                "decay_to='start' (or call set_start_() on the base weights) before any update")

@@ -1,7 +1,28 @@
-"""Member seeds: a pure function of (run seed, step, member), identical on every rank."""
+"""What a step is, as a pure function of (run seed, step), identical on every rank: its members' seeds and signs,
+every random stream derived from the run seed, and the step sizes sigma_t and alpha_t (their schedules)."""
 from __future__ import annotations
 
+import dataclasses
+import math
+
+from esopt_mp.typed import check, check_choice
+
 M64 = (1 << 64) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One member of a step, as an objective is asked to evaluate it: its seed and sign."""
+
+    step: int
+    index: int
+    seed: int
+    sign: int
+    pair: int = -1  # mirrored sampling: index // 2 (both signs of one seed); else the index
+
+    def __post_init__(self):
+        if self.pair < 0:
+            object.__setattr__(self, "pair", self.index)
 
 
 def splitmix64(x: int) -> int:
@@ -75,3 +96,42 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
             raise ValueError(f"stream path values must be in [0, 2**64), got {v}")
         x = splitmix64(x ^ int(v))
     return x
+
+
+KINDS = ("cosine", "constant", "linear")
+
+
+def check_schedule(kind: str, start: float, end: float, steps: int | None, key: str = "schedule") -> None:
+    """The one check of a schedule's settings (``es.sigma`` / ``es.alpha`` and :class:`Schedule` alike)."""
+    check_choice(kind, KINDS, f"{key}.kind")
+    for k, v in (("start", start), ("end", end)):
+        check(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"{key}.{k}",
+              f"must be finite and >= 0, got {v!r}")
+    check(steps is None or steps >= 1, f"{key}.steps", f"must be >= 1, got {steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """``value(t)`` for t in [0, steps]; t beyond ``steps`` holds the end value.
+
+    cosine: ``end + (start - end) * (1 + cos(pi * t / steps)) / 2`` (the paper's
+    sigma schedule; train-time ``end > 0``, test-time ``end = 0``).
+    """
+
+    kind: str = "cosine"
+    start: float = 1e-3
+    end: float = 0.0
+    steps: int = 100
+
+    def __post_init__(self):
+        check_schedule(self.kind, self.start, self.end, self.steps)
+
+    def __call__(self, t: int) -> float:
+        if t < 0:
+            raise ValueError(f"step must be >= 0, got {t}")
+        x = min(t, self.steps) / self.steps
+        if self.kind == "constant":
+            return float(self.start)
+        if self.kind == "linear":
+            return self.start + (self.end - self.start) * x
+        return self.end + (self.start - self.end) * (1.0 + math.cos(math.pi * x)) / 2.0

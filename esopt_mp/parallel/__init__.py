@@ -5,9 +5,9 @@ The names below load on first use (PEP 562), so importing ``esopt_mp.parallel.co
 from esopt_mp.lazy import lazy_exports
 
 _EXPORTS = {
-    "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "agreement",
-    "check_replicas": "agreement", "first_failure": "agreement", "gather_returns": "agreement",
-    "shard_checksum": "agreement", "ParallelDims": "dims", "close_distributed": "dims",
+    "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "collectives",
+    "check_replicas": "collectives", "first_failure": "collectives", "gather_returns": "collectives",
+    "shard_checksum": "collectives", "ParallelDims": "dims", "close_distributed": "dims",
     "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
     "MemberQueue": "member_queue",
     "cpu_threads": "launcher", "discover": "launcher", "first_slurm_host": "launcher",

@@ -32,7 +32,8 @@ class MemberQueue:
     _made = 0  # queues built by this process: the number of the next one
 
     def __init__(self, dims, population: int, schedule: str = "dynamic"):
-        check_choice(schedule, SCHEDULES, "parallel.schedule")
+        if schedule not in SCHEDULES:  # the config's own line (the queue is built every step: no call otherwise)
+            check_choice(schedule, SCHEDULES, "parallel.schedule")
         self.dims, self.population = dims, population
         self.dynamic = schedule == "dynamic" and dims.dp > 1 and dims.distributed
         epoch = None

@@ -37,7 +37,7 @@ import resource
 import threading
 import time
 
-from esopt_mp.es.heap import malloc_trim
+from esopt_mp.es.hostmem import malloc_trim
 
 log = logging.getLogger(__name__)
 _NOTICED = False

@@ -81,7 +81,7 @@ def make_engine(model, tokenizer):
 
 def run_rollouts(engine, wl: Workload, seed: int = 0) -> list:
     """All ``wl.batch`` conversations, turn by turn, batched; returns the engine's conversations."""
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
 
     prompts = prompt_ids(wl, engine.model.config.vocab_size, seed)
     convs = [engine.new_conversation(i, seed * 100003 + i) for i in range(wl.batch)]

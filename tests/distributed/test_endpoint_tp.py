@@ -21,7 +21,7 @@ def _worker(rank, world, out):
     from esopt_mp.agent.loop import AgentConfig, run_episodes
     from esopt_mp.endpoint import EndpointConfig, EndpointServer
     from esopt_mp.engine.hf import HFEngine
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.engine.tp import TPEngine
     from esopt_mp.models import load_model
     from esopt_mp.parallel import discover, init_distributed

@@ -156,7 +156,7 @@ def test_sudoku_batch_under_tp2_matches_tp1(tmp_path, tight):
 
     from esopt_mp.agent.loop import AgentConfig, run_episodes
     from esopt_mp.engine.hf import HFEngine
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.envs import make
     from esopt_mp.envs.sudoku import generate
     from esopt_mp.models.tiny import build_tiny_agent_base

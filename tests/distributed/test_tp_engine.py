@@ -55,7 +55,7 @@ def _episodes(engine, seeds, sampling):
 
 
 def _worker(rank, world, out, bias):
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.engine.tp import TPEngine
     from esopt_mp.parallel import discover, init_distributed
 

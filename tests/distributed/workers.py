@@ -99,7 +99,7 @@ def sudoku_tp_worker(rank: int, world: int, model_path: str, out_path: str, budg
 
     from esopt_mp.agent.loop import AgentConfig, run_episodes
     from esopt_mp.engine.hf import HFEngine
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.engine.tp import TPEngine
     from esopt_mp.envs import make
     from esopt_mp.envs.sudoku import generate

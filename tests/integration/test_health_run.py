@@ -4,7 +4,7 @@ import logging
 import pytest
 
 from esopt_mp.config import build_config
-from esopt_mp.health import DegenerateRunError
+from esopt_mp.ledger import DegenerateRunError
 from esopt_mp.parallel import LaunchEnv, init_distributed
 
 
@@ -27,7 +27,7 @@ def test_all_episodes_failing_is_loud_and_stops(tmp_path, monkeypatch, caplog):
         "env": {"name": "sudoku", "n_train": 4, "n_eval": 2, "episodes_per_step": 2},
     })
     trainer = ESTrainer(cfg, init_distributed(LaunchEnv(0, 1, 0, "127.0.0.1", 0, "python"), 1, 1))
-    with caplog.at_level(logging.ERROR, logger="esopt_mp.health"), \
+    with caplog.at_level(logging.ERROR, logger="esopt_mp.ledger"), \
             pytest.raises(DegenerateRunError, match=r"2 consecutive steps learned nothing.*returns are NaN.*bwrap"):
         run(trainer)
     assert "step 0 learned nothing (1 step(s) in a row): all 4 returns are NaN: every episode failed; " \

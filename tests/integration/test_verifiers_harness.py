@@ -55,7 +55,7 @@ def test_a_rollout_through_the_endpoint_scores_as_verifiers_does(monkeypatch):
 
     from esopt_mp.agent.harnesses import verifiers_v1
     from esopt_mp.endpoint import EndpointConfig, EndpointServer
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.envs import InfraError
     from esopt_mp.models.tiny import TINY_AGENT
 

@@ -52,9 +52,9 @@ def test_a_component_refuses_a_setting_in_the_words_of_the_config(tmp_path):
     """Each setting is checked by one function: the component called directly and the config say the same line."""
     import torch
 
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.es.perturber import Perturber
-    from esopt_mp.es.schedules import Schedule
+    from esopt_mp.es.seeds import Schedule
     from esopt_mp.es.shaping import shape_returns
     from esopt_mp.models.loading import load_model
     from esopt_mp.parallel.dims import ParallelDims

@@ -245,7 +245,7 @@ LAYERS = (
     ("chat", "data", "runfiles", "progress"),  # the chat format and tool calls; shipped data; run-dir files
     ("es", "parallel"),  # ES numerics; topology and collectives
     ("models",),
-    ("ledger", "identity", "dcp_boxes", "checkpoint", "checkpoint_export", "resume", "health", "metrics",
+    ("ledger", "identity", "dcp_boxes", "checkpoint", "checkpoint_export", "resume", "metrics",
      "trackers"),  # run state and records
     ("envs", "prompt"),  # environments see text and return rewards; context optimisers
     ("engine",),

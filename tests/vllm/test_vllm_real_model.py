@@ -35,7 +35,7 @@ MEMBER = (1234567, 0.01, 1)  # (seed, sigma, sign): moves SmolLM2's replies visi
 
 
 def _greedy():
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
 
     return SamplingParams(temperature=0.0, presence_penalty=0.0, max_new_tokens=MAX_NEW)
 

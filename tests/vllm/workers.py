@@ -110,7 +110,7 @@ def _lp_diff(a: dict, b: dict) -> float:
 
 def _rollouts(engine, tasks, seeds, dims):
     from esopt_mp.agent.loop import AgentConfig, run_episodes
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.engine.tp import TPEngine
     from esopt_mp.envs import make
 
@@ -211,7 +211,7 @@ def dp_groups_generate_independently(rank: int, world: int, model_dir: str, dp: 
 
     from esopt_mp.engine.vllm import build_vllm
     from esopt_mp.parallel import discover, init_distributed
-    from esopt_mp.parallel.agreement import check_replicas
+    from esopt_mp.parallel.collectives import check_replicas
 
     dims = init_distributed(discover(), dp, tp, backend="gloo")
     engine, weights, _ = build_vllm(_engine_cfg(), _es_cfg(), model_dir, dims, "float32", 0)
@@ -238,7 +238,7 @@ def dp_groups_generate_independently(rank: int, world: int, model_dir: str, dp: 
 def budget_episodes(rank: int, world: int, model_dir: str, out: str) -> None:
     """engine=vllm under env.max_episode_tokens: greedy sudoku episodes without a budget, then with one."""
     from esopt_mp.agent.loop import AgentConfig, run_episodes
-    from esopt_mp.engine.sampling import SamplingParams
+    from esopt_mp.engine.base import SamplingParams
     from esopt_mp.engine.vllm import build_vllm
     from esopt_mp.envs import make, sudoku
 

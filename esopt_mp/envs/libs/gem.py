@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
-from esopt_mp.chat.toolcalls import clean_text
+from esopt_mp.chat.format import clean_text
 from esopt_mp.envs.libs.seeds import split_seeds
 
 SYSTEM = ("You are playing a text game or answering a question. Follow its instructions, and put your move or "

@@ -27,7 +27,7 @@ import dataclasses
 import re
 from typing import Any
 
-from esopt_mp.chat.toolcalls import clean_text
+from esopt_mp.chat.format import clean_text
 from esopt_mp.envs.libs.seeds import split_seeds
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

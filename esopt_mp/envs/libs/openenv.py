@@ -38,7 +38,8 @@ from typing import Any
 from esopt_mp.envs.base import InfraError
 from esopt_mp.envs.libs.openenv_client import (ServerError, action_schema, client_class, find_json_object, healthy,
                                                http_base, refusal)
-from esopt_mp.chat.toolcalls import MAX_DEPTH, clean_text, clean_value, depth
+from esopt_mp.chat.format import clean_text
+from esopt_mp.chat.toolcalls import MAX_DEPTH, clean_value, depth
 from esopt_mp.envs.libs.seeds import split_seeds
 
 FORMATS = ("text", "json")

@@ -26,7 +26,7 @@ import re
 import threading
 from typing import Any
 
-from esopt_mp.chat.toolcalls import clean_text
+from esopt_mp.chat.format import clean_text
 
 NAME = "reasoning_gym"
 STRIDE = 2 ** 20  # library seeds per (split, seed): entry i is drawn from Random(seed + i), see _library_seed

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from esopt_mp.envs.libs.global_rng import GlobalRandom, owning
-from esopt_mp.chat.toolcalls import clean_text
+from esopt_mp.chat.format import clean_text
 from esopt_mp.envs.libs.seeds import split_seeds
 
 SYSTEM = ("You are playing a text game. Read the game's messages and reply each turn with one move, in the "
@@ -120,6 +120,8 @@ class TextArenaConfig:
     system_prompt: str = SYSTEM  # the opening system message ('' sends none)
     error_allowance: int | None = None  # invalid moves in a row the game forgives (None: the game's own, 1 for
     # most: a second one ends it); a larger one lets a weak player's bad replies be feedback, not the end
+    partial_credit: bool = True  # a game lost on turns scores the game's own completion (GuessTheNumber: how near
+    # the last valid guess was), under its own turn limit or max_turns; false: 0, so only a win scores
 
     def validate(self, key: str) -> None:
         probe(self, key)
@@ -202,10 +204,11 @@ class TextArenaEnv:
     concurrent = False  # the library's calls share the global `random`: one at a time (and under a lock anyway)
     returns = "last"  # the game's reward at its end
     failure_return = -1.0  # the library's lowest single-player reward (a game lost by invalid moves)
+    hashed_when_set = {"partial_credit": True}  # at its default, runs from before the field keep their hash
 
     def __init__(self, *, max_turns: int = 30, game: str = "GuessTheNumber-v0",
                  game_kwargs: dict[str, Any] | None = None, system_prompt: str = SYSTEM,
-                 error_allowance: int | None = None):
+                 error_allowance: int | None = None, partial_credit: bool = True):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
@@ -213,6 +216,7 @@ class TextArenaEnv:
         self.game_kwargs = dict(game_kwargs or {})
         self.system_prompt = system_prompt
         self.error_allowance = error_allowance
+        self.partial_credit = partial_credit
         self._env = self._game = None
         self._rng = GlobalRandom()
         self.turn = 0
@@ -274,6 +278,8 @@ class TextArenaEnv:
         if done:
             self.done = True
             reward = float((rewards or {}).get(0, 0.0))
+            if not self.partial_credit and 0.0 < reward < 1.0:  # a lost game's completion score
+                reward = 0.0
             player = (game_info or {}).get(0, {})
             info.update(reason=player.get("reason"), invalid_move=bool(player.get("invalid_move")),
                         turn_count=player.get("turn_count"))
@@ -283,7 +289,7 @@ class TextArenaEnv:
         reward, truncated = 0.0, self.turn >= self.max_turns
         if truncated:  # cut short: what the game scores a game it cuts short (its turn limit), where it has that
             score = getattr(self._game, "_get_percentage_completion", None)
-            if callable(score):
+            if callable(score) and self.partial_credit:
                 try:
                     with owning(self._rng):
                         reward = float(score())

@@ -10,7 +10,7 @@ from esopt_mp.agent.chat import opening_text
 from esopt_mp.agent.loop import AgentConfig, run_episodes, write_trajectories
 from esopt_mp.config import ConfigError, build_config
 from esopt_mp.engine.hf import HFEngine
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from esopt_mp.engine.tp import TPEngine
 from esopt_mp.envs import make
 from esopt_mp.envs.sudoku import generate

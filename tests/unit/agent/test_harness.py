@@ -17,7 +17,7 @@ from esopt_mp.config import ConfigError, build_config
 from esopt_mp.engine.base import EngineStats, Generation
 from esopt_mp.envs import InfraError
 from esopt_mp.identity import config_hash
-from esopt_mp.objectives import Member
+from esopt_mp.es.seeds import Member
 from esopt_mp.parallel import ParallelDims
 from tests.web.scripted import ScriptedEngine
 

@@ -9,12 +9,11 @@ import torch
 
 import esopt_mp.agent.episodes as ep
 from esopt_mp.agent.held_out import HeldOut
-from esopt_mp.agent.objective import AgentObjective
+from esopt_mp.agent.episodes import AgentObjective
 from esopt_mp.config import EnvConfig
-from esopt_mp.engine.base import EngineStats, Generation
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import EngineStats, Generation, SamplingParams
 from esopt_mp.engine.tp import TPEngine
-from esopt_mp.objectives import Member
+from esopt_mp.es.seeds import Member
 
 
 class _Comm:
@@ -70,6 +69,7 @@ def _player(cfg, rank, comm):
     p = ep.EpisodePlayer.__new__(ep.EpisodePlayer)  # no browser: the batching is what is tested
     p.cfg, p.run_seed, p.dims, p.fixed_task, p.traj_path = cfg, 0, dims, False, None
     p.engine, p.spec, p.section = TPEngine(_Inner(), dims), cfg.spec, cfg.section
+    p.max_concurrent = cfg.spec.max_concurrent(cfg.section)
     p.eval_cfg = p.train_cfg = types.SimpleNamespace(sampling=SamplingParams())
     p.recent_errors, p.failures = [], collections.Counter()
     p.eval_tasks = [{"id": i} for i in range(5)]

@@ -11,7 +11,7 @@ from esopt_mp.baselines import build_baseline, build_token_batch, synthetic_toke
 from esopt_mp.baselines.config import AlgoConfig
 from esopt_mp.config import ConfigError, TrainConfig, build_config
 from esopt_mp.engine.hf import HFEngine
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from esopt_mp.envs import make
 from esopt_mp.envs import sudoku
 from esopt_mp.identity import config_hash

@@ -13,7 +13,7 @@ from esopt_mp.agent.loop import AgentConfig, run_episodes
 from esopt_mp.endpoint.config import EndpointConfig
 from esopt_mp.endpoint.server import EndpointServer
 from esopt_mp.engine.hf import HFEngine
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from tests.unit.endpoint.test_endpoint_server import AGENT, FakeEngine
 from tools.bench_endpoint import ScriptedToolEnv, play_client, question
 

@@ -20,8 +20,7 @@ from transformers import AutoTokenizer
 from esopt_mp.endpoint.config import EndpointConfig, EndpointError
 from esopt_mp.endpoint.render import continuation_text, prompt_text
 from esopt_mp.endpoint.server import EndpointServer
-from esopt_mp.engine.base import EngineStats, Generation
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import EngineStats, Generation, SamplingParams
 
 AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
 SAMPLING = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=64)

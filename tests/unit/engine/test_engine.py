@@ -5,7 +5,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from esopt_mp.agent.loop import AgentConfig, run_episodes, write_trajectories
 from esopt_mp.engine.hf import HFEngine
-from esopt_mp.engine.sampling import SamplingParams, process_logits, sample
+from esopt_mp.engine.base import SamplingParams, process_logits, sample
 from esopt_mp.envs import make
 from esopt_mp.envs.sudoku import generate
 from esopt_mp.models.tiny import build_tiny_agent_base

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from esopt_mp.agent.loop import AgentConfig, run_episodes
 from esopt_mp.engine.hf import HFEngine
 from esopt_mp.engine.hf import plan_prefill
-from esopt_mp.engine.sampling import SamplingParams
+from esopt_mp.engine.base import SamplingParams
 from esopt_mp.envs import make
 from esopt_mp.envs.sudoku import generate
 

@@ -68,6 +68,17 @@ def test_binary_search_scores_what_the_library_scores(seed):
     assert 0 < ref[0] < 1 and got[0] == ref[0] and got[1] == ref[1]
 
 
+def test_without_partial_credit_only_a_win_scores():
+    kw = {"min_number": 1, "max_number": 1000, "max_turns": 3}
+    low = lambda: (lambda _, it=iter(range(1, 9)): f"[{next(it)}]")  # noqa: E731 - a fresh guesser per game
+    assert 0 < _adapter("GuessTheNumber-v0", 7, low(), kw)[0] < 1  # the game's own limit ends it: partial
+    assert _adapter("GuessTheNumber-v0", 7, low(), kw, partial_credit=False)[0] == 0.0
+    kw12 = dict(kw, max_turns=12)  # max_turns cuts it short before the game's limit
+    assert 0 < _adapter("GuessTheNumber-v0", 7, low(), kw12, max_turns=3)[0] < 1
+    assert _adapter("GuessTheNumber-v0", 7, low(), kw12, max_turns=3, partial_credit=False)[0] == 0.0
+    assert _adapter("GuessTheNumber-v0", 7, _guesser(1, 1000), kw12, partial_credit=False)[0] == 1.0
+
+
 def test_scripted_hanoi_wins_and_two_invalid_moves_lose_as_the_library_says():
     moves = _hanoi(3)
     ref = _library("TowerOfHanoi-v0", 3, lambda _, it=iter(moves): next(it))
@@ -209,3 +220,16 @@ def test_long_horizon_profile_validates():
     env.reset(TextArenaEnv.tasks("train", 1, cfg.env.task_seed, game=section.game)[0])
     ends = [env.step("set 1 2 3")[2:4] for _ in range(cfg.env.max_turns)]  # a reply the game cannot read
     assert ends[-1] == (False, True) and not any(any(e) for e in ends[:-1])  # forgiven: all its turns are played
+
+
+def test_partial_credit_is_in_the_config_hash_only_when_off():
+    from esopt_mp.config import build_config
+    from esopt_mp.identity import config_hash
+
+    def h(**section):
+        return config_hash(build_config({"objective": {"name": "agent"},
+                                         "env": {"name": "textarena", "textarena": section}}), None)
+
+    base = h()
+    assert h(partial_credit=True) == base  # the default: runs from before the field keep their hash
+    assert h(partial_credit=False) != base

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from esopt_mp.config import ConfigError, build_config
-from esopt_mp.health import DegenerateRunError, Health
+from esopt_mp.ledger import DegenerateRunError, Health
 from esopt_mp.parallel import Collectives, CommStats, ParallelDims
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -115,7 +115,7 @@ def test_init_distributed_rejects_bad_timeout_and_nccl_without_cuda():
 
 def test_health_equal_returns_warn_after_k_steps_then_stop(caplog):
     h = Health(degenerate_steps=2, stop=True)
-    with caplog.at_level(logging.ERROR, logger="esopt_mp.health"):
+    with caplog.at_level(logging.ERROR, logger="esopt_mp.ledger"):
         assert h.check(0, [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 0]) == "all 4 finite returns are equal (0.5): the update is a no-op"
         assert not caplog.records  # one flat step is not yet a pattern
         assert h.check(1, [1.0, 2.0], [-1.0, 1.0]) is None  # learning resets the streak
@@ -128,7 +128,7 @@ def test_health_equal_returns_warn_after_k_steps_then_stop(caplog):
 def test_health_all_nan_warns_at_once_with_errors(caplog):
     h = Health(degenerate_steps=3, stop=False)
     h.note_error("member 0: PermissionError: /usr/bin/python3")
-    with caplog.at_level(logging.ERROR, logger="esopt_mp.health"):
+    with caplog.at_level(logging.ERROR, logger="esopt_mp.ledger"):
         r = h.check(0, [math.nan, math.nan], [0, 0], ["episode 4: reset: boom"])
     assert r.startswith("all 2 returns are NaN: every episode failed; sample errors: member 0: PermissionError")
     assert "episode 4: reset: boom" in caplog.text and "!!!" in caplog.text

@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 METHODS = {"Sample": ("sample", "prompt_only"), "Sample+ES": ("sample", "joint"),
            "EoH": ("eoh", "prompt_only"), "EoH+ES": ("eoh", "joint")}

@@ -44,10 +44,10 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import torch  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+import torch
+from tqdm.auto import tqdm
 
-from esopt_mp.profiling.record import bench_record  # noqa: E402
+from esopt_mp.profiling.record import bench_record
 
 SECTIONS = ("noise", "es_overhead", "throughput", "schedule", "comm", "memory", "rollout", "endpoint")
 # headline ratio -> what it compares (the markdown table's rows, in this order)

@@ -15,12 +15,10 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
 
 def main() -> None:

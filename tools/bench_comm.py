@@ -24,10 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
-import torch  # noqa: E402
+import torch
 
 
 def lo_counters() -> tuple[int, int]:

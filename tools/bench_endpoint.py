@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
 AGENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "esopt_mp", "assets", "tiny_agent")
 SYSTEM = "You play 4x4 Sudoku. Use the tools when they help."

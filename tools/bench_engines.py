@@ -19,7 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
 
 def build_model(path: str, arch: str) -> str:

@@ -17,11 +17,9 @@ import gc
 import json
 import os
 import re
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
 
 def _status() -> dict[str, int]:

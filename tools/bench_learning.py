@@ -29,8 +29,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from esopt_mp.profiling.record import bench_record  # noqa: E402
+from esopt_mp.profiling.record import bench_record
 
 SMOLLM2 = "pypi:smollm2-135m-instruct"
 # The real-model tasks: their profile (configs/experiment), and what a benchmark run also needs.

@@ -29,10 +29,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
-from esopt_mp.es import Perturber, local_noise, member_seed  # noqa: E402
-from esopt_mp.es.shard import LocalShard, ShardInfo  # noqa: E402
-from esopt_mp.es.ulp import ulp_drift  # noqa: E402
+from esopt_mp.profiling.record import print_record
+from esopt_mp.es import Perturber, local_noise, member_seed
+from esopt_mp.es.shard import LocalShard, ShardInfo
+from esopt_mp.es.ulp import ulp_drift
 
 MIB = 1 << 20
 

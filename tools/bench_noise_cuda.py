@@ -14,13 +14,11 @@ all from this one run:
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.es import Perturber, local_noise, member_seed  # noqa: E402
-from esopt_mp.es.shard import LocalShard, ShardInfo  # noqa: E402
+from esopt_mp.es import Perturber, local_noise, member_seed
+from esopt_mp.es.shard import LocalShard, ShardInfo
 
 SEED = (1 << 63) + 12345
 

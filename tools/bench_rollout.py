@@ -25,13 +25,11 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
-import torch  # noqa: E402
+import torch
 
 AGENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "esopt_mp", "assets", "tiny_agent")
 ENV_KW = {"show_original": False, "hints": True}  # configs/env/sudoku4.yaml

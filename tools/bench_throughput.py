@@ -18,7 +18,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
 
 def measure(steps: int, overrides: list[str]) -> dict:

@@ -10,14 +10,11 @@ Memory: the summed PSS of one open episode's browser processes (Chromium's, play
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
 
 def _browser_rss() -> int:

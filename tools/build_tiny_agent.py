@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
 ENV = {"show_original": False, "hints": True}  # the embedded default's prompt (configs/env/sudoku4.yaml)
 ARCH = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4,

@@ -31,10 +31,9 @@ import time
 from tqdm.auto import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from esopt_mp.profiling.record import print_record  # noqa: E402
+from esopt_mp.profiling.record import print_record
 
-from esopt_mp.runfiles import read_jsonl  # noqa: E402
+from esopt_mp.runfiles import read_jsonl
 METHODS = ("es", "grpo", "ppo")
 SUDOKU_HORIZON = "env.sudoku.mask_count"
 

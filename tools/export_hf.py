@@ -1,10 +1,7 @@
 """Old spelling of ``esopt export`` (:mod:`esopt_mp.replay`), kept for one release."""
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from esopt_mp.replay import main_export  # noqa: E402
+from esopt_mp.replay import main_export
 
 if __name__ == "__main__":
     print("note: tools/export_hf.py is now 'esopt export' (same options); this spelling goes in the next release",

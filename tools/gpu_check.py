@@ -37,7 +37,6 @@ import tempfile
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MEMBER = (20261130, 0.01, 1)
 _T0 = time.perf_counter()

@@ -16,7 +16,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # run from a checkout without installing, as the other tools
 GB = 1e9
 PAPER = {"es": 8.41, "grpo": 58.88}  # Qwen3.5-4B Sudoku, GPU memory (the paper's figures)
 # The paper's Sudoku setting: 32 tasks/step, H*=5 -> 15 turns, 64 tokens/turn. Assumed: ~200 prompt tokens

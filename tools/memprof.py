@@ -31,12 +31,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from esopt_mp.profiling.profiles import BASELINES, ES_MODES, PROFILES, ProfileOptions  # noqa: E402
-from esopt_mp.profiling.versions import library_versions  # noqa: E402
-from esopt_mp.profiling.workload import Workload  # noqa: E402
+from esopt_mp.profiling.profiles import BASELINES, ES_MODES, PROFILES, ProfileOptions
+from esopt_mp.profiling.versions import library_versions
+from esopt_mp.profiling.workload import Workload
 
 CPU_METHOD = ("CPU (no device): figures per rank. host_peak_bytes = peak resident set (psutil RSS sampled every "
               "{ms} ms, max'ed with the kernel's VmHWM reset at each phase mark) from model loaded to step end, "

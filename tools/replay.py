@@ -1,10 +1,7 @@
 """Old spelling of ``esopt replay`` (:mod:`esopt_mp.replay`), kept for one release."""
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from esopt_mp.replay import main  # noqa: E402
+from esopt_mp.replay import main
 
 if __name__ == "__main__":
     print("note: tools/replay.py is now 'esopt replay' (same options); this spelling goes in the next release",

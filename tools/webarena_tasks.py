@@ -14,9 +14,8 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from esopt_mp.envs.web.tasks import (judge_preflight, load_split, preflight, select,  # noqa: E402
+from esopt_mp.envs.web.tasks import (judge_preflight, load_split, preflight, select,
                                      startup_check)
 
 

@@ -110,6 +110,18 @@ class ParallelDims:
         return self.mesh
 
 
+def _skip_deepspeed_shm_op() -> None:
+    """On CPU, DeepSpeed's communication backend JIT-compiles its shared-memory all-reduce op (g++, minutes on a
+    fresh node) before the group exists. ES all-reduces a few bytes a step, which gloo does as fast: marking the op
+    incompatible for this process makes DeepSpeed use torch.distributed's collectives and skip the build."""
+    try:
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # probed once per process, on first use
+    except (ImportError, AttributeError, TypeError):  # another DeepSpeed layout: it builds the op as before
+        pass
+
+
 def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", use_deepspeed: bool = False,
                      timeout_s: float = 1800.0) -> ParallelDims:
     """Create the process group (if world > 1) and the (dp, tp) mesh.
@@ -135,6 +147,8 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
         if use_deepspeed:
             import deepspeed
 
+            if not cuda:
+                _skip_deepspeed_shm_op()
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True,
                                        timeout=datetime.timedelta(seconds=timeout_s))
         else:

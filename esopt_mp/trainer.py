@@ -25,23 +25,23 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps
-from esopt_mp.resume import agree_on_failure, restore_run_
-from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.build import build_objective, build_weights
+from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps
+from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.config import TrainConfig
 from esopt_mp.core.errors import FAILURE_KINDS, StartupError
 from esopt_mp.es import Schedule, population, shape_returns
+from esopt_mp.es.hostmem import malloc_trim
 from esopt_mp.es.perturber import exact_restore
+from esopt_mp.es.seeds import Member
 from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.ledger import Health, updates_digest
 from esopt_mp.metrics import MetricsWriter
-from esopt_mp.progress import interactive
 from esopt_mp.models import resolve_model_dir
 from esopt_mp.models.export import export_hf
-from esopt_mp.es.seeds import Member
 from esopt_mp.parallel import CommStats, MemberQueue, ParallelDims, check_replicas, gather_returns
-from esopt_mp.es.hostmem import malloc_trim
+from esopt_mp.progress import interactive
+from esopt_mp.resume import agree_on_failure, restore_run_
 from esopt_mp.runfiles import write_config
 
 log = logging.getLogger(__name__)

@@ -108,13 +108,13 @@ class EpisodePlayer(EpisodeTally):
         self.cfg, self.run_seed, self.dims, self.fixed_task = env_cfg, run_seed, dims, fixed_task
         self.engine = replicated(engine, dims)
         self.spec, self.section = env_cfg.spec, env_cfg.section
-        self.max_concurrent = self.spec.max_concurrent(self.section)  # the environment's cap (0: none), asked once
         if dims.is_tp_leader:  # the sandbox, a browser stack, a server: refused now, not at episode 1
             try:
                 self.spec.check(self.section, env_cfg, first=dims.dp_rank == 0)
             except Exception as e:  # noqa: BLE001 - whatever the env's check raised, said in one place
                 raise StartupError(f"env.name={env_cfg.name}: the start-up check failed on rank {dims.rank}: "
                                    f"{type(e).__name__}: {e}") from e
+        self.max_concurrent = self.spec.max_concurrent(self.section)  # the environment's cap (0: none), asked once
         if self.spec.syncs_after_check(self.section):  # the first's check reset shared state: nobody plays before
             dims.comm.barrier()
         self.train_cfg = build_agent_config(env_cfg, SamplingParams.of(engine_cfg))

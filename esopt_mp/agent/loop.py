@@ -11,12 +11,11 @@ import logging
 import math
 import time
 
-from esopt_mp.chat.format import IM_END, delta_text, opening_text
+from esopt_mp.chat.format import IM_END, clean_text, delta_text, opening_text
 from esopt_mp.engine.base import Engine, SamplingParams, generate_capped
 from esopt_mp.core.errors import InfraError
 from esopt_mp.envs.base import call_envs, failure_return, returns_sum
 from esopt_mp.envs.config import EnvConfig, check_episode_limits
-from esopt_mp.chat.format import clean_text
 from esopt_mp.runfiles import open_run_file
 
 log = logging.getLogger(__name__)

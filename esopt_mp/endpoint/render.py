@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 
-from esopt_mp.chat.format import delta_text, opening_text
-from esopt_mp.chat.format import clean_text
+from esopt_mp.chat.format import clean_text, delta_text, opening_text
 from esopt_mp.chat.toolcalls import blocks, build_parser
 
 TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

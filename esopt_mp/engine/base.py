@@ -1,5 +1,6 @@
-"""What the agent loop needs of a generation engine, and what every engine shares: sampling settings, batched
-logits processing and per-row sampling with per-episode generators, token caps and the reply's text.
+"""What the agent loop needs of a generation engine, and what the engines share: sampling settings, token caps and
+the reply's text; the batched logits processing and per-row sampling with per-episode generators of the engines
+that sample in torch (hf).
 
 An engine holds one conversation per episode (``new_conversation``: its own sampling seed) and generates one reply
 for each of a batch of conversations per call, after appending the turn's new token ids. ``hf`` (a transformers

@@ -15,7 +15,8 @@ runtime needs from it, every attribute optional but ``tasks``:
   training task is dropped;
 - ``runs_code`` (the sandbox is checked at start-up), ``max_concurrent`` (episodes at once, 0: all),
   ``requires`` (import name -> pip requirement) and ``extra`` (the esopt_mp extra installing them), ``check``
-  (a start-up check, given the section's keys).
+  (a start-up check, given the section's keys), ``hashed_when_set`` (section key -> default: a key added after
+  runs existed, left out of the config hash at its default so those runs keep their hash and their resume).
 
 The episode's return (``returns = "last" | "sum"``), threads (``concurrent``) and ``failure_return`` are read
 from each environment instance by the agent loop (:mod:`esopt_mp.envs.base`).

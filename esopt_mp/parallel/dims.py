@@ -112,8 +112,9 @@ class ParallelDims:
 
 def _skip_deepspeed_shm_op() -> None:
     """On CPU, DeepSpeed's communication backend JIT-compiles its shared-memory all-reduce op (g++, minutes on a
-    fresh node) before the group exists. ES all-reduces a few bytes a step, which gloo does as fast: marking the op
-    incompatible for this process makes DeepSpeed use torch.distributed's collectives and skip the build."""
+    fresh node) before the group exists. ES's collectives are torch.distributed's and move a few bytes a step:
+    marking the op incompatible for this process skips the build. (A process group DeepSpeed creates elsewhere,
+    e.g. ``deepspeed.initialize``, builds it as before.)"""
     try:
         import deepspeed.ops
 

@@ -7,7 +7,9 @@ an invalid-move warning; not the echo of the reply) is the user message, the rep
 own wrappers read it, and the return is the reward the game gives when it ends (``close()``). Invalid moves are
 the game's business: it warns, and a second one in a row usually ends the game with its own score. An episode
 the turn budget cuts short scores what the game scores a game its own turn limit ends (its completion fraction:
-disks in place, tiles reached, the distance of the last guess), 0 for a game that has no such score.
+disks in place, tiles reached, the distance of the last guess), 0 for a game that has no such score. With
+``partial_credit=false`` a score strictly between 0 and 1 (a lost game's completion) counts 0: only a win (1)
+scores, and a game's own -1 (an invalid-move loss in some games) stays -1.
 
 The library draws from the process-global ``random`` (seeded at each reset, drawn again in steps: 2048 spawns
 tiles, Minesweeper lays mines on the first reveal), so every call into it runs on the episode's own saved
@@ -120,8 +122,8 @@ class TextArenaConfig:
     system_prompt: str = SYSTEM  # the opening system message ('' sends none)
     error_allowance: int | None = None  # invalid moves in a row the game forgives (None: the game's own, 1 for
     # most: a second one ends it); a larger one lets a weak player's bad replies be feedback, not the end
-    partial_credit: bool = True  # a game lost on turns scores the game's own completion (GuessTheNumber: how near
-    # the last valid guess was), under its own turn limit or max_turns; false: 0, so only a win scores
+    partial_credit: bool = True  # a lost game scores the game's own completion in (0, 1) (GuessTheNumber: how near
+    # the last valid guess was); false: such a score counts 0, so in games that pay 1 for a win only a win scores
 
     def validate(self, key: str) -> None:
         probe(self, key)

@@ -94,7 +94,7 @@ def _build_agent(cfg, dims, path, *, model, engine, tokenizer) -> Built:
                            fixed_task=search)
     context = None
     if cfg.prompt.optimiser != "none":
-        from esopt_mp.prompt.run import ContextRun
+        from esopt_mp.prompt.run import PromptRun
 
         ref, hooks, fit, thought = "", None, None, ""
         if cfg.prompt.optimiser == "skill":  # proposals and validation on this run's unperturbed model
@@ -107,7 +107,7 @@ def _build_agent(cfg, dims, path, *, model, engine, tokenizer) -> Built:
             fit = player.score_program(ref)
             logging.getLogger(__name__).info("seed program fitness %s (evaluated once, not counted in the budget)",
                                              fit)
-        context = ContextRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit, seed_thought=thought)
+        context = PromptRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit, seed_thought=thought)
     return Built(AgentObjective(player, context), player.engine, context, tokenizer)
 
 

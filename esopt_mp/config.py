@@ -189,7 +189,7 @@ class TrainConfig:
               f"episodes write one program to score, got {self.objective.name!r} / {self.env.name!r}")
         if self.prompt.optimiser != "none":
             check(self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
-              "context optimisers run beside ES (algo=es) with engine=hf for now")
+              "prompt optimisers run beside ES (algo=es) with engine=hf for now")
         if self.objective.name == "harness":  # each running episode holds a connection while its batch generates
             check(self.objective.concurrency <= self.endpoint.max_connections, "objective.concurrency",
                   f"{self.objective.concurrency} episodes at once would hold more connections than "

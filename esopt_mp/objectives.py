@@ -34,7 +34,7 @@ class Objective(Protocol):
         """This rank's failed episodes by kind since the last call (``FAILURE_KINDS``); None: no episodes."""
 
     def take_trajectories(self) -> list:
-        """This rank's trajectories for the context optimiser since the last call."""
+        """This rank's trajectories for the prompt optimiser since the last call."""
 
     @property
     def recent_errors(self) -> list[str]:

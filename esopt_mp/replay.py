@@ -6,7 +6,7 @@
 No rollout is run: each ledger entry's update (seeds, signs, shaped weights,
 alpha) is re-applied on one process, and with es.restore=subtract (no fp32
 master) also each member's perturb and restore, whose rounding the run's
-weights carry; a run with a context optimiser also gets its context after the
+weights carry; a run with a prompt optimiser also gets its context after the
 last replayed step (out/context.txt, checked by hash). Noise is layout-invariant,
 so a run trained at any dp x tp replays here bit-exactly, in every restore mode.
 Export rebuilds the same weights from the newest loadable checkpoint (saved at

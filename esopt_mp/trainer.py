@@ -113,7 +113,7 @@ class ESTrainer:
         self._host_weights = any(s.tensor.device.type == "cpu" for s in self.shards)
         built = build_objective(cfg, dims, path, model=self.model, engine=engine,
                                 tokenizer=getattr(engine, "tokenizer", None))
-        # the episode engine (None: no episodes); the context optimiser's side (prompt.*)
+        # the episode engine (None: no episodes); the prompt optimiser's side (prompt.*)
         self.objective, self.engine, self.context, self.tokenizer = built.objective, built.engine, built.context, \
             built.tokenizer
         self.sigma = _schedule(es.sigma, es.steps)
@@ -289,7 +289,7 @@ class ESTrainer:
 
     def _step_trajectories(self) -> list:
         """All dp groups' training trajectories of this step, on every rank, in member order (as one group
-        plays them): the context optimiser then takes the same decision on every rank, at any layout."""
+        plays them): the prompt optimiser then takes the same decision on every rank, at any layout."""
         mine = self.objective.take_trajectories()  # TP leaders hold their group's; peers hold none
         gathered = [tr for part in self.dims.comm.all_gather_object(mine) for tr in part]
         return sorted(gathered, key=lambda tr: tr.member)  # stable: a member's episodes keep their order

@@ -3,7 +3,7 @@
     python tools/ahd_table.py [--problems bpp_online tsp_constructive] [--seeds 0 1] [--steps 3] [--population 4]
                               [--episodes 2] [--model builtin:tiny_agent] [--out runs/ahd_table]
 
-Each cell runs the ES trainer with a context optimiser (esopt_mp/prompt): Sample and EoH alone are
+Each cell runs the ES trainer with a prompt optimiser (esopt_mp/prompt): Sample and EoH alone are
 ``prompt.mode=prompt_only`` (the weights never move), the +ES variants ``joint`` (the same trajectories update
 the weights and the context every step) with the test-time sigma schedule: cosine to sigma_T = 0 at the last
 step. All four play population x episodes x turns programs per step, so the budget is equal by construction; it

@@ -235,17 +235,17 @@ def return_total(eps, failed_count: bool = False) -> tuple[float, int]:
 
 class AgentObjective:
     def __init__(self, player: EpisodePlayer, context=None):
-        """``context``: the run's context (``esopt_mp.prompt.run.ContextRun``) or None: its text joins each system
+        """``context``: the run's context (``esopt_mp.prompt.run.PromptRun``) or None: its text joins each system
         prompt and the training episodes become its trajectories (:meth:`take_trajectories`)."""
         self.player, self.context = player, context
         self.held_out = HeldOut(player, context)
-        self.trajectories: list = []  # the context optimiser's trajectories of the current step (TP leaders')
+        self.trajectories: list = []  # the prompt optimiser's trajectories of the current step (TP leaders')
 
     def evaluate_member(self, member) -> float:
         """Member ``member``'s mean return over its step's tasks (NaN if every episode was an infrastructure fault)."""
         p = self.player
         tasks, seeds = p.member_episodes(member)
-        # a context optimiser shares the step's episodes out by slot: consecutive within the step (EoH: every
+        # a prompt optimiser shares the step's episodes out by slot: consecutive within the step (EoH: every
         # operator equally often, +-1) and shifted by the step (an operator the step has too few slots for runs at
         # later steps); both members of a mirrored pair play the same slots and contexts (operator and parents),
         # their token sampling differs as any two members' does (unless env.common_draws)
@@ -276,7 +276,7 @@ class AgentObjective:
         return self.player.take_retried()
 
     def take_trajectories(self) -> list:
-        """This rank's training trajectories since the last call (the context optimiser's; TP peers hold none)."""
+        """This rank's training trajectories since the last call (the prompt optimiser's; TP peers hold none)."""
         out, self.trajectories = self.trajectories, []
         return out
 

@@ -20,7 +20,7 @@ from esopt_mp.es.seeds import stream_seed
 class HeldOut:
     def __init__(self, player, context=None):
         """``player``: the run's :class:`~esopt_mp.agent.episodes.EpisodePlayer`; ``context``: the run's context
-        (``esopt_mp.prompt.run.ContextRun``), whose current text joins each system prompt, or None."""
+        (``esopt_mp.prompt.run.PromptRun``), whose current text joins each system prompt, or None."""
         self.player, self.context = player, context
         self.round = 0  # evaluations this process ran: a trajectory tag only, never a seed (not checkpointed)
 

@@ -78,7 +78,7 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
     conversation so far and the turn's prompt; an episode whose next prompt leaves no room ends as
     ``token_budget`` with the return of its last step (the env's score of an unfinished episode; 0
     before any turn). ``contexts``: per episode, text appended to the opening system message (a new one
-    if the env sends none); '' adds nothing. This is where a context optimiser's current context reaches
+    if the env sends none); '' adds nothing. This is where a prompt optimiser's current context reaches
     the model.
     """
     tok = engine.tokenizer

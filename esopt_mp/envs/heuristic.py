@@ -109,7 +109,7 @@ class HeuristicConfig:
 
 class HeuristicSpec(EnvSpec):
     """Tasks are the problem's own splits (train for training, val held out); the episodes write one program each,
-    so the program-search context optimisers (``prompt.optimiser=sample|eoh``) run on it."""
+    so the program-search prompt optimisers (``prompt.optimiser=sample|eoh``) run on it."""
 
     config = HeuristicConfig
     runs_code = True

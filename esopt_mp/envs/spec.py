@@ -19,7 +19,7 @@ class EnvSpec(abc.ABC):
     name = ""
     config: type = dataclasses.make_dataclass("NoSection", [])
     runs_code = False  # model-written code runs: the sandbox is checked at start-up
-    program_search = False  # the context optimisers that search programs (sample, eoh) may run on it
+    program_search = False  # the prompt optimisers that search programs (sample, eoh) may run on it
     requires: dict[str, str] = {}
     extra: str | None = None
 
@@ -91,7 +91,7 @@ class EnvSpec(abc.ABC):
         return dataclasses.asdict(section)
 
     def program_extractor(self):
-        """``text -> program`` of an environment whose episodes write one program (the context optimisers)."""
+        """``text -> program`` of an environment whose episodes write one program (the prompt optimisers)."""
         return None
 
 

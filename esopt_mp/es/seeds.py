@@ -78,7 +78,7 @@ def stream_seed(run_seed: int, stream: str, *path: int) -> int:
     - ``skill`` (step, batch): the sampling seed of a skill proposal (prompt.optimiser=skill).
     - ``skill_val`` (step,) which tasks validate a candidate skill; (step, i + 1) episode i's sampling seed: the
       current and the candidate skill meet the same tasks and seeds.
-    - ``context`` (step, slot): how a context optimiser renders the context of a training episode (EoH: its
+    - ``context`` (step, slot): how a prompt optimiser renders the context of a training episode (EoH: its
       parents); slot = step + pair * episodes + episode, so both members of a mirrored pair get the same
       context, and the same at every TP / DP layout.
     - ``conversation`` (j,) from an episode's seed: the sampling seed of the j-th conversation (j >= 1) a served

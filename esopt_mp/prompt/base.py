@@ -127,7 +127,7 @@ def extract_thought(text: str, code: str = "") -> str:
     return _sentence(_braced(prose(text[:cut]))) or _sentence(_braced(prose(text[after:])))
 
 
-class ContextOptimiser(Protocol):
+class PromptOptimiser(Protocol):
     """Next context from the step's trajectories; deterministic, so replay may read instead of recompute."""
 
     name: str

@@ -1,4 +1,4 @@
-"""``prompt``: the context optimiser and when it runs beside ES; ``prompt.skill``: skill synthesis's settings.
+"""``prompt``: the prompt optimiser and when it runs beside ES; ``prompt.skill``: skill synthesis's settings.
 
 Validation raises ``ValueError`` naming the dotted key (the trainer's config turns it into its ConfigError).
 """
@@ -57,7 +57,7 @@ PROMPT_MODES = ("joint", "alternate", "prompt_only")
 
 @dataclasses.dataclass
 class PromptConfig:
-    """The context optimiser (esopt_mp/prompt) and when it runs beside ES; ``none`` (default) leaves runs as before."""
+    """The prompt optimiser (esopt_mp/prompt) and when it runs beside ES; ``none`` (default) leaves runs as before."""
     optimiser: str = "none"  # none | sample | eoh (program-search environments: the search state is the context)
     mode: str = "joint"  # joint (ES every step, context every k) | alternate | prompt_only (ES off)
     every: int = 1  # joint / prompt_only: update the context after every k-th step

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 MODES = ("joint", "alternate", "prompt_only")
 
 
-class ContextRun:
+class PromptRun:
     def __init__(self, cfg, reference: str, run_dir: str, rank: int = 0, hooks: dict | None = None,
                  seed_fitness: float | None = None, seed_thought: str = ""):
         """``cfg``: the ``prompt`` section; ``reference``: the seed program of the environment's problem ('' for
@@ -51,7 +51,7 @@ class ContextRun:
         return (t + 1) % self.cfg.every == 0
 
     def render(self, seed: int, slot: int) -> str:
-        """The context text of the episode seeded ``seed`` in ``slot`` (see ``ContextOptimiser.render``)."""
+        """The context text of the episode seeded ``seed`` in ``slot`` (see ``PromptOptimiser.render``)."""
         return self.optimiser.render(self.text, seed, slot)
 
     def restore(self, entries: list[dict]) -> None:
@@ -103,3 +103,13 @@ class ContextRun:
             d["programs"] = [Program(**p) for p in d["programs"]]
             out.append(Trajectory(**d))
         return out
+
+
+def __getattr__(name: str):
+    """The class's former name, kept for one release."""
+    if name == "ContextRun":
+        import warnings
+        warnings.warn("esopt_mp.prompt.run.ContextRun is now PromptRun; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return PromptRun
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

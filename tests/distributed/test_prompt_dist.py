@@ -1,4 +1,4 @@
-"""A context optimiser beside ES at dp=2 (each dp group plays half the members, so each holds half the step's
+"""A prompt optimiser beside ES at dp=2 (each dp group plays half the members, so each holds half the step's
 trajectories) takes the same decisions as at dp=1: same context versions, programs, returns and weights."""
 import json
 import os

@@ -227,7 +227,7 @@ def test_seed_program_is_evaluated_once_and_competes_with_its_fitness(tmp_path, 
     _, want, _, _, _ = ScoredEnv().step(f"```python\n{ref.rstrip()}\n```")  # the env's score of the seed reply
     seed = search.best(t.context.text)
     assert seed["op"] == "seed" and seed["fitness"] == pytest.approx(want) and t.context.seed_fitness == seed["fitness"]
-    scores, step = [], t.context.step  # the trajectories each step hands the context optimiser
+    scores, step = [], t.context.step  # the trajectories each step hands the prompt optimiser
     t.context.step = lambda s, trajs: scores.extend(p.score for tr in trajs for p in tr.programs) or step(s, trajs)
     for s in range(2):
         t.step(s)
@@ -261,7 +261,7 @@ def test_eoh_operators_follow_the_episode_slots_of_a_step(tmp_path, fake_env, mi
     assert json.loads(t.context.text)["population"][0]["thought"] == BPPOnline.reference_thought  # best fit
     seen, render, step, handed = [], t.context.render, t.context.step, []
     t.context.render = lambda seed, slot: seen.append((slot, render(seed, slot))) or seen[-1][1]
-    t.context.step = lambda s, trajs: handed.append(trajs) or step(s, trajs)  # what the context optimiser reads
+    t.context.step = lambda s, trajs: handed.append(trajs) or step(s, trajs)  # what the prompt optimiser reads
     t.step(0)
     trajs = handed[0]
     pop = json.loads(t.context.text)["population"]

@@ -247,7 +247,7 @@ LAYERS = (
     ("models",),
     ("ledger", "identity", "dcp_boxes", "checkpoint", "checkpoint_export", "resume", "metrics",
      "trackers"),  # run state and records
-    ("envs", "prompt"),  # environments see text and return rewards; context optimisers
+    ("envs", "prompt"),  # environments see text and return rewards; prompt optimisers
     ("engine",),
     ("endpoint",),
     ("agent",),

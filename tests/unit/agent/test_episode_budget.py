@@ -16,6 +16,7 @@ from esopt_mp.envs import make
 from esopt_mp.envs.sudoku import generate
 from esopt_mp.identity import config_hash
 from esopt_mp.models.tiny import build_tiny_agent_base
+from tests.fixtures.tp_pair import RecordedTpPair
 
 TURN = 10  # max_new_tokens per turn
 
@@ -98,29 +99,6 @@ def test_the_budget_is_in_the_config_hash_only_when_set():
     assert config_hash(build_config({"env": {"max_episode_tokens": 4096}}), None) != "c999d5ed83fd066a"
 
 
-class _Comm:
-    """One process standing in for a tp pair: the leader's messages and checksums are recorded, then replayed."""
-
-    def __init__(self, log=None):
-        self.replay = log is not None
-        self.log = log if log is not None else {"msgs": [], "sums": []}
-        self.i = self.j = 0
-
-    def broadcast_object(self, payload, src, dim):
-        if not self.replay:
-            self.log["msgs"].append(payload)
-            return payload
-        self.i += 1
-        return self.log["msgs"][self.i - 1]
-
-    def all_reduce(self, t, op, dim):
-        if not self.replay:
-            self.log["sums"].append(t.clone())
-            return t
-        self.j += 1
-        return torch.maximum(t, self.log["sums"][self.j - 1])  # the leader's checksum meets the follower's
-
-
 def _dims(rank, comm):
     return types.SimpleNamespace(distributed=True, tp=2, rank=rank, tp_rank=rank, comm=comm)
 
@@ -129,10 +107,10 @@ def test_a_tp_follower_takes_the_leaders_budget_decisions(agent):
     model, tok = agent
     t = _play(agent, 0, n=1, temperature=1.0)[0].turns
     budget = t[0]["prompt_tokens"] + t[0]["response_tokens"] + t[1]["prompt_tokens"] + 3  # turn 2 of episode 0: 3
-    leader = _Comm()
+    leader = RecordedTpPair()
     eps = _play(agent, budget, temperature=1.0, dims=_dims(0, leader))
     assert {e.ended for e in eps} == {"token_budget"}
     caps = [m[3] for m in leader.log["msgs"] if m[0] == "gen"]  # the caps travel with each turn
     assert all(c is not None for c in caps) and min(min(c) for c in caps) == 3
-    ids = TPEngine(HFEngine(model, tok), _dims(1, _Comm(leader.log))).follow(_cfg(budget, temperature=1.0).sampling)
+    ids = TPEngine(HFEngine(model, tok), _dims(1, RecordedTpPair(leader.log))).follow(_cfg(budget, temperature=1.0).sampling)
     assert ids == [e.token_ids for e in eps]

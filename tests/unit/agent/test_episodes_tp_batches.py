@@ -5,7 +5,6 @@ import collections
 import types
 
 import pytest
-import torch
 
 import esopt_mp.agent.episodes as ep
 from esopt_mp.agent.held_out import HeldOut
@@ -14,32 +13,7 @@ from esopt_mp.config import EnvConfig
 from esopt_mp.engine.base import EngineStats, Generation, SamplingParams
 from esopt_mp.engine.tp import TPEngine
 from esopt_mp.es.seeds import Member
-
-
-class _Comm:
-    """One process standing in for a tp pair: the leader's tp messages and checksums are recorded, then replayed."""
-
-    def __init__(self, log=None):
-        self.replay = log is not None
-        self.log = log if log is not None else {"msgs": [], "sums": []}
-        self.i = self.j = 0
-
-    def broadcast_object(self, payload, src, dim):
-        assert dim == "tp"
-        if not self.replay:
-            self.log["msgs"].append(payload)
-            return payload
-        self.i += 1
-        return self.log["msgs"][self.i - 1]
-
-    def all_reduce(self, t, op, dim):
-        if dim != "tp":
-            return t
-        if not self.replay:
-            self.log["sums"].append(t.clone())
-            return t
-        self.j += 1
-        return torch.maximum(t, self.log["sums"][self.j - 1])
+from tests.fixtures.tp_pair import RecordedTpPair
 
 
 class _Inner:
@@ -97,10 +71,10 @@ def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, re
     for n, play in ((5 * repeats, lambda p: HeldOut(p).evaluate()),
                     (6, lambda p: AgentObjective(p).evaluate_member(member))):
         calls.update(run=0, episodes=0)
-        leader = _player(cfg, 0, _Comm())
+        leader = _player(cfg, 0, RecordedTpPair())
         play(leader)
         assert calls["episodes"] == n and calls["run"] == -(-n // max_browsers)
-        peer = _player(cfg, 1, _Comm(leader.dims.comm.log))
+        peer = _player(cfg, 1, RecordedTpPair(leader.dims.comm.log))
         play(peer)
         assert calls["run"] == -(-n // max_browsers)  # the peer played nothing
         assert peer.engine.inner.calls == leader.engine.inner.calls == calls["run"]  # ... and followed every batch

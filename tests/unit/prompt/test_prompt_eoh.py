@@ -108,9 +108,9 @@ def test_population_entries_carry_thought_and_operator():
 
 def test_pending_trajectories_stored_without_the_new_fields_still_load(tmp_path):
     from esopt_mp.prompt.config import PromptConfig
-    from esopt_mp.prompt.run import ContextRun
+    from esopt_mp.prompt.run import PromptRun
 
-    run = ContextRun(PromptConfig(optimiser="eoh"), REF, str(tmp_path))
+    run = PromptRun(PromptConfig(optimiser="eoh"), REF, str(tmp_path))
     old = [{"ret": 0.5, "responses": ["r"], "programs": [{"code": "c", "score": 0.5, "error": None}],
             "member": 2, "feedback": [""]}]
     h = run.store.put(json.dumps(old))

@@ -1,4 +1,4 @@
-"""Sample and EoH as context optimisers: selection by fitness, invalid programs ignored, seeded prompts."""
+"""Sample and EoH as prompt optimisers: selection by fitness, invalid programs ignored, seeded prompts."""
 import json
 import math
 
@@ -73,10 +73,10 @@ def test_inject_context_appends_to_the_system_prompt():
 
 def test_schedules_and_restore_checks(tmp_path):
     from esopt_mp.prompt.config import PromptConfig
-    from esopt_mp.prompt.run import ContextRun
+    from esopt_mp.prompt.run import PromptRun
 
     def run(**kw):
-        return ContextRun(PromptConfig(optimiser="eoh", **kw), REF, str(tmp_path))
+        return PromptRun(PromptConfig(optimiser="eoh", **kw), REF, str(tmp_path))
 
     alt, joint, only = run(mode="alternate"), run(mode="joint", every=3), run(mode="prompt_only", every=2)
     assert [(alt.es_on(t), alt.ctx_on(t)) for t in range(4)] == [(True, False), (False, True)] * 2
@@ -91,7 +91,7 @@ def test_schedules_and_restore_checks(tmp_path):
     fresh.restore([dict(rec, step=0), dict(rec2, step=1)])
     assert (fresh.text, fresh.programs, fresh.valid) == (joint.text, 3, 2)
     with pytest.raises(ValueError, match="prompt"):  # a ledger that started from another context
-        ContextRun(PromptConfig(optimiser="sample"), REF, str(tmp_path)).restore([dict(rec2, step=0)])
+        PromptRun(PromptConfig(optimiser="sample"), REF, str(tmp_path)).restore([dict(rec2, step=0)])
 
 
 @pytest.mark.parametrize("optimiser", ["sample", "eoh"])
@@ -100,7 +100,7 @@ def test_update_reads_every_trajectory_since_the_last_one_and_resume_rebuilds_th
     # all programs count toward the budget, so all are searched: the best one came two steps before the update
     # (before: only the update step's programs were seen, and the worse "c" won)
     from esopt_mp.prompt.config import PromptConfig
-    from esopt_mp.prompt.run import ContextRun
+    from esopt_mp.prompt.run import PromptRun
 
     kw = {"mode": "joint", "every": 3} if mode == "every" else {"mode": "alternate"}
     steps = [[_traj(("a", 5.0, None))], [_traj(("b", 1.0, None))], [_traj(("c", 0.0, None))]]
@@ -108,7 +108,7 @@ def test_update_reads_every_trajectory_since_the_last_one_and_resume_rebuilds_th
         steps = [steps[0] + steps[1], steps[2]]
 
     def run(d):
-        return ContextRun(PromptConfig(optimiser=optimiser, population=2, **kw), REF, str(tmp_path / d))
+        return PromptRun(PromptConfig(optimiser=optimiser, population=2, **kw), REF, str(tmp_path / d))
 
     full = run("full")
     recs = [dict(full.step(t, tr), step=t) for t, tr in enumerate(steps)]
@@ -121,3 +121,16 @@ def test_update_reads_every_trajectory_since_the_last_one_and_resume_rebuilds_th
         p.code for tr in sum(steps[:-1], []) for p in tr.programs]
     resumed.step(len(steps) - 1, steps[-1])
     assert resumed.text == full.text
+
+
+def test_former_names_still_import_with_a_notice():
+    """ContextOptimiser and ContextRun were renamed (one subsystem, one word): the old names work for one release,
+    each with a DeprecationWarning naming the new one."""
+    import esopt_mp.prompt as prompt
+    import esopt_mp.prompt.run as run
+    with pytest.warns(DeprecationWarning, match="now PromptOptimiser"):
+        assert prompt.ContextOptimiser is prompt.PromptOptimiser
+    with pytest.warns(DeprecationWarning, match="now PromptRun"):
+        assert run.ContextRun is run.PromptRun
+    with pytest.raises(AttributeError):
+        prompt.NoSuchThing  # noqa: B018

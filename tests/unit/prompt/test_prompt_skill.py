@@ -279,14 +279,14 @@ def test_trajectories_carry_their_step_and_pending_sets_stored_before_the_field_
     import types
 
     from esopt_mp.prompt import ContextStore
-    from esopt_mp.prompt.run import ContextRun
+    from esopt_mp.prompt.run import PromptRun
 
     store = ContextStore(str(tmp_path))
     old = [{"ret": 0.5, "responses": ["r"], "programs": [{"code": "c", "score": 1.0, "error": None}], "member": 2,
             "feedback": ["fb"]}]
     new = Trajectory.from_turns(0.25, [{"response": "x", "info": {"score": 0.25, "code": "c"}}], member=1, step=3)
-    loaded = ContextRun._load(types.SimpleNamespace(store=store), store.put(json.dumps(old)))
-    again = ContextRun._load(types.SimpleNamespace(store=store), store.put(json.dumps([dataclasses.asdict(new)])))
+    loaded = PromptRun._load(types.SimpleNamespace(store=store), store.put(json.dumps(old)))
+    again = PromptRun._load(types.SimpleNamespace(store=store), store.put(json.dumps([dataclasses.asdict(new)])))
     assert (loaded[0].step, loaded[0].member, loaded[0].programs[0].score) == (-1, 2, 1.0)
     assert again == [new] and new.step == 3
 

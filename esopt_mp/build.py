@@ -33,15 +33,26 @@ def build_weights(cfg, dims, path: str, *, work_passes: float, cache_warm: bool)
     model = load_model(path, dims, cfg.model.dtype)
     weights = Perturber(build_shards(model, es.include, es.exclude), restore=es.restore, master=es.master,
                         chunk_elems=es.chunk_elems, noise_backend=es.noise_backend, work_passes=work_passes,
-                        cache_warm=cache_warm, decay_to=es.decay_to)  # theta0: the base weights, before any resume
+                        cache_warm=cache_warm, decay_to=es.decay_to, noise=es.noise, rank=es.rank)  # theta0: the base weights, before any resume
     return model, weights, None
 
 
-def build_engine(cfg, model, tokenizer):
-    """The hf rollout engine on ``model`` (prefix reuse as ``engine.prefix_reuse`` says)."""
+def build_engine(cfg, model, tokenizer, members=None):
+    """The hf rollout engine on ``model`` (prefix reuse as ``engine.prefix_reuse`` says; ``members``: its batch of
+    members, :func:`build_members`)."""
     from esopt_mp.engine.hf import HFEngine
 
-    return HFEngine(model, tokenizer, prefix_reuse=cfg.engine.prefix_reuse)
+    return HFEngine(model, tokenizer, prefix_reuse=cfg.engine.prefix_reuse, members=members)
+
+
+def build_members(cfg, model, weights):
+    """``es.member_batch``: the hooks through which one batched generation plays every member of a dp group
+    (:class:`esopt_mp.engine.members.MemberLinears` on the hf model); otherwise None."""
+    if not cfg.es.member_batch:
+        return None
+    from esopt_mp.engine.members import MemberLinears
+
+    return MemberLinears(model, weights)
 
 
 def build_tokenizer(path: str, tokenizer=None):
@@ -73,13 +84,15 @@ class ObjectiveKind:
     check: Callable[[Any], list[str]] = lambda cfg: []
 
 
-def build_objective(cfg, dims, path: str, *, model=None, engine=None, tokenizer=None, rank_file=None) -> Built:
-    """The objective of ``cfg.objective.name`` on ``model`` (or ``engine``, vLLM's)."""
+def build_objective(cfg, dims, path: str, *, model=None, engine=None, tokenizer=None, rank_file=None,
+                    members=None) -> Built:
+    """The objective of ``cfg.objective.name`` on ``model`` (or ``engine``, vLLM's); ``members``: the agent engine's
+    batch of members (:func:`build_members`)."""
     return OBJECTIVE_KINDS[cfg.objective.name].build(cfg, dims, path, model=model, engine=engine,
-                                                      tokenizer=tokenizer)
+                                                      tokenizer=tokenizer, **({"members": members} if members else {}))
 
 
-def _build_agent(cfg, dims, path, *, model, engine, tokenizer) -> Built:
+def _build_agent(cfg, dims, path, *, model, engine, tokenizer, members=None) -> Built:
     """The episode player on ``engine`` (vllm) or an hf engine on the model; the context run, if configured, built
     on the player (skill hooks, the seed program's fitness); the objective on both."""
     import logging
@@ -88,7 +101,7 @@ def _build_agent(cfg, dims, path, *, model, engine, tokenizer) -> Built:
     from esopt_mp.runfiles import trajectories_file
 
     tokenizer = build_tokenizer(path, tokenizer)
-    engine = engine or build_engine(cfg, model, tokenizer)
+    engine = engine or build_engine(cfg, model, tokenizer, members)
     search = cfg.prompt.optimiser not in ("none", "skill")  # program search: fitness compared across programs
     player = EpisodePlayer(cfg.env, cfg.engine, cfg.run.seed, engine, dims, trajectories_file(cfg, dims.rank),
                            fixed_task=search)

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "learning": ("tools/bench_learning.py", "ES, GRPO and PPO at an equal episode budget, held-out curves"),
     "noise": ("tools/bench_noise.py", "noise generator and fused update vs torch.randn and a copy"),
     "throughput": ("tools/bench_throughput.py", "ES step tokens/s vs the same rollouts alone"),
+    "members": ("tools/bench_members.py", "a low-rank ES step with all members in one batch vs batch inference"),
     "schedule": ("tools/bench_schedule.py", "static vs dynamic member scheduling on a slow site"),
     "comm": ("tools/bench_comm.py", "bytes an ES step sends vs a data-parallel gradient all-reduce"),
     "rollout": ("tools/bench_rollout.py", "the engine's tokens/s vs model.generate"),

@@ -214,6 +214,10 @@ class TrainConfig:
             check(a.zero_stage == 0 or p.tp == 1, "algo.zero_stage",
               f"DeepSpeed ZeRO shards over data parallelism only; use parallel.tp=1, got tp={p.tp}")
             return self
+        if self.es.member_batch:
+            check(self.engine.name == "hf" and self.objective.name == "agent" and p.tp == 1, "es.member_batch",
+                  f"members in one batch run in the hf engine's agent loop at parallel.tp=1 for now, got "
+                  f"engine={self.engine.name}, objective={self.objective.name}, tp={p.tp}")
         check(self.es.population >= p.dp, "es.population",
                f"population {self.es.population} is smaller than parallel.dp={p.dp}: some dp groups would idle")
         return self

@@ -146,6 +146,10 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
     d.pop("endpoint")  # where and how fast a member is served, never what it answers
     for k in ("chunk_elems", "noise_backend"):
         d["es"].pop(k)
+    if d["es"].get("noise") == "full":  # the default: runs from before es.noise keep their hash (rank unused)
+        d["es"].pop("noise"), d["es"].pop("rank")
+    if not d["es"].get("member_batch"):  # in: members in one batch round differently from members in turn
+        d["es"].pop("member_batch")
     if d["es"].get("decay_to") == "zero":  # the default: runs from before es.decay_to keep their hash
         d["es"].pop("decay_to")
     eng = d["engine"]  # the engine's rollout settings; not where the weights live nor how fast it serves

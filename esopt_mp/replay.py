@@ -42,7 +42,7 @@ def replay(run_dir: str, out: str, base: str | None = None, steps: int | None = 
     es = cfg["es"]
     perturber = Perturber(build_shards(model, es["include"], es["exclude"]), restore=es["restore"],
                           master=es["master"], chunk_elems=es["chunk_elems"],
-                          decay_to=es.get("decay_to", "zero"))  # theta0 = these base weights
+                          decay_to=es.get("decay_to", "zero"), noise=es.get("noise", "full"), rank=es.get("rank", 1))  # theta0 = these base weights
     entries = Ledger(run_dir, cfg["config_hash"], 0).read()[:steps]
     restore_run_(run_dir, perturber, dims, entries, use_checkpoint)
     try:

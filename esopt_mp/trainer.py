@@ -25,7 +25,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from esopt_mp.build import build_objective, build_weights
+from esopt_mp.build import build_members, build_objective, build_weights
 from esopt_mp.checkpoint import Checkpointer, Ledger, LedgerError, checkpoint_steps
 from esopt_mp.checkpoint_export import export_checkpoint
 from esopt_mp.config import TrainConfig
@@ -111,8 +111,9 @@ class ESTrainer:
         es = cfg.es
         self.shards = self.perturber.shards
         self._host_weights = any(s.tensor.device.type == "cpu" for s in self.shards)
+        self.members = build_members(cfg, self.model, self.perturber)  # es.member_batch: one batch per dp group
         built = build_objective(cfg, dims, path, model=self.model, engine=engine,
-                                tokenizer=getattr(engine, "tokenizer", None))
+                                tokenizer=getattr(engine, "tokenizer", None), members=self.members)
         # the episode engine (None: no episodes); the prompt optimiser's side (prompt.*)
         self.objective, self.engine, self.context, self.tokenizer = built.objective, built.engine, built.context, \
             built.tokenizer
@@ -195,11 +196,20 @@ class ESTrainer:
         # a subtract restore leaves its rounding in the weights: every rank applies every member's perturb/restore in
         # member order (other dp groups' as noise passes only), so replicas, layouts and replay agree bit for bit
         passes = perturbed and not exact_restore(es.restore, es.master)
-        queue = MemberQueue(dims, es.population, self.cfg.parallel.schedule)
+        batched = perturbed and self.members is not None  # the group's members in one batch, the weights untouched
+        if batched:
+            t1 = time.perf_counter()
+            mine = dims.members(es.population)
+            self.members.set_members([seeds[m] for m in mine], [signs[m] for m in mine], sigma)
+            perturb_s += _since(t1)
+            local = self._evaluate_batch([Member(t, m, seeds[m], signs[m], m // 2 if es.mirrored else m)
+                                          for m in mine])
+            self.members.rows = None
+        queue = None if batched else MemberQueue(dims, es.population, self.cfg.parallel.schedule)
         done = -1  # the last member whose perturbation this rank applied (or passed over)
         bar = tqdm(total=es.population, desc=f"step {t} members", leave=False,
                    disable=dims.rank != 0 or es.population < 4 or not interactive())
-        for m in itertools.chain(queue, [es.population]):  # this group's members as it claims them; then the end
+        for m in [] if batched else itertools.chain(queue, [es.population]):  # claimed members; then the end
             t1 = time.perf_counter()
             for k in range(done + 1, m) if passes else ():  # other groups' members before m: noise passes
                 self.perturber.perturb(seeds[k], sigma, signs[k])
@@ -222,7 +232,8 @@ class ESTrainer:
         bar.close()
         t_eval = time.perf_counter()
         returns = gather_returns(local, es.population, dims)
-        queue.close()
+        if queue is not None:
+            queue.close()
         failures, retries = self._episode_failures()
         weights = shape_returns(returns, es.shaping) if es_on else [0.0] * es.population  # zeros: no-op update
         t1 = time.perf_counter()
@@ -274,6 +285,18 @@ class ESTrainer:
             log.exception("member %d of step %d failed; its return counts as NaN", member.index, member.step)
             self.health.note_error(f"member {member.index}: {type(e).__name__}: {e}")
             return math.nan
+
+    def _evaluate_batch(self, members: list[Member]) -> dict[int, float]:
+        """The returns of ``members`` played in one batch (:meth:`_evaluate`'s rules: a failure is NaN for all)."""
+        try:
+            return self.objective.evaluate_members(members, batched=True)
+        except StartupError:
+            raise
+        except Exception as e:
+            log.exception("the batch of members %s of step %d failed; their returns count as NaN",
+                          [m.index for m in members], members[0].step)
+            self.health.note_error(f"members {[m.index for m in members]}: {type(e).__name__}: {e}")
+            return {m.index: math.nan for m in members}
 
     def _episode_failures(self) -> tuple[dict | None, dict | None]:
         """The step's failed training episodes by kind and what was played again (episodes after an infrastructure

@@ -1,7 +1,8 @@
 """Does training make the agent better, and how does ES compare with GRPO and PPO at the same budget?
 
-Runs each method (``es``, ``grpo``, ``ppo``, and ``es-anchored``: ES whose weight decay pulls toward the starting
-weights, ``es.decay_to=start``) on one (model, task) pair for several seeds, every run given the same
+Runs each method (``es``, ``grpo``, ``ppo``, ``es-anchored``: ES whose weight decay pulls toward the starting
+weights, ``es.decay_to=start``, and ``es-lowrank``: ES with rank-1 noise per matrix and each step's members played
+in one batch, ``es.noise=lowrank es.member_batch=true``) on one (model, task) pair for several seeds, every run given the same
 number of played training episodes, and writes one JSON report and one plot: held-out success over episodes with
 the seeds' spread, each run's wall time and peak memory, and its drift (the change in log-likelihood of a fixed
 off-task text set from the starting weights, and the update's norm).
@@ -64,6 +65,12 @@ TASKS["guess"] = {
     "methods": {"es": [], **{m: [*a, "algo.micro_batch=4"] for m, a in TASKS["arith"]["methods"].items() if m != "es"}},
     "anchor": TASKS["arith"]["anchor"],
 }
+TASKS["gcd"] = {
+    "about": "reasoning-gym gcd (the greatest common divisor of two numbers from 1 to 20), single turn, a final "
+             "'Answer: X' line or the last number read, SmolLM2-135M-Instruct",
+    "model": SMOLLM2, "overrides": ["+experiment=smollm2_gcd", *_REAL], "episodes": 512,
+    "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
+}
 TASKS["sudoku4"] = {
     "about": "4x4 Sudoku with two blanks, each empty cell's candidates listed (with two blanks that list is the "
              "answer: the task is reading it and writing the move), one 'set <row> <col> <value>' a turn, 4 turns, "
@@ -71,7 +78,9 @@ TASKS["sudoku4"] = {
     "model": SMOLLM2, "overrides": ["+experiment=smollm2_sudoku4", *_REAL], "episodes": 512,
     "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
 }
-METHODS = ("es", "grpo", "ppo", "es-anchored")  # es-anchored: ES with weight decay toward the starting weights
+METHODS = ("es", "grpo", "ppo", "es-anchored", "es-lowrank")  # es-anchored: ES with weight decay toward the starting
+# weights; es-lowrank: ES with rank-1 noise per matrix, each step's members in one batched generation
+LOWRANK = ["es.noise=lowrank", "es.rank=1", "es.member_batch=true"]
 
 
 def algo_of(method: str) -> str:
@@ -81,6 +90,8 @@ def algo_of(method: str) -> str:
 def method_overrides(spec: dict, method: str) -> list[str]:
     if method == "es-anchored":
         return spec["methods"]["es"] + spec.get("anchor", ["es.decay_to=start", "es.weight_decay=10"])
+    if method == "es-lowrank":
+        return spec["methods"]["es"] + spec.get("lowrank", LOWRANK)
     return spec["methods"][method]
 
 
@@ -306,7 +317,8 @@ def table(results: list[dict]) -> dict[str, dict]:
     return out
 
 
-COLOURS = {"es": "tab:blue", "grpo": "tab:orange", "ppo": "tab:green", "es-anchored": "tab:purple"}
+COLOURS = {"es": "tab:blue", "grpo": "tab:orange", "ppo": "tab:green", "es-anchored": "tab:purple",
+           "es-lowrank": "tab:red"}
 
 
 def plot(reports: list[dict], png: str) -> str:

@@ -15,12 +15,15 @@
 #                vLLM's, and its perturbed runtime tensors vs the hf engine's, if vllm imports
 #   pinned       tests/gpu/test_pinned.py: the pinned host snapshot / fp32 master take exactly the shards' bytes
 #   graphs       the vLLM run again with CUDA graphs (do captured graphs see in-place edits?); needs vLLM
+#   members      tools/bench_members.py on the eager part's checkpoint: a low-rank ES step with all members in one batch vs batch
+#                inference and full-rank members in turn (tokens/s, device peak), G = 8 and 16
 #   noise        the Triton kernels' speed: noise elements/s, the fused update's bytes/s vs a device copy
 # Without vLLM, everything but vLLM's own figures is measured and eager.vllm reads {"available": false, ...}.
 #
 # Environment: ESOPT_GPU_CHECK_DIR (WORK, default /tmp/esopt_gpu_check: each part's output, the random checkpoint
 # kept for a rerun), ESOPT_GPU_CHECK_ARGS (more arguments for tools/gpu_check.py, e.g. "--shape tiny --batch 2"
-# for a dry run on a CPU), ESOPT_GPU_CHECK_BUDGET_S (seconds for all parts, default 460), PYTHON (default python3).
+# for a dry run on a CPU), ESOPT_GPU_CHECK_MEMBERS_ARGS (tools/bench_members.py's sizes, default
+# "--dtype bfloat16 --G 8 16 --episodes 4 --tokens 32"), ESOPT_GPU_CHECK_BUDGET_S (seconds for all parts, default 460), PYTHON (default python3).
 set -uo pipefail
 wheels="${ESOPT_WHEELS:-}"
 while [ $# -gt 0 ]; do
@@ -34,6 +37,7 @@ py="${PYTHON:-$(command -v python3 || command -v python)}"
 dir="${ESOPT_GPU_CHECK_DIR:-/tmp/esopt_gpu_check}"
 budget="${ESOPT_GPU_CHECK_BUDGET_S:-460}"  # parts' limits; each may overrun by timeout's 10 s grace: under 8 min
 args="${ESOPT_GPU_CHECK_ARGS:-}"
+margs="${ESOPT_GPU_CHECK_MEMBERS_ARGS:---dtype bfloat16 --G 8 16 --episodes 4 --tokens 32}"
 mkdir -p "$dir"
 dir="$(cd "$dir" && pwd)"  # folders given relative to where the script was started from
 [ -d "$wheels" ] && wheels="$(cd "$wheels" && pwd)"
@@ -101,6 +105,14 @@ if [ "$vllm" = yes ]; then
   part graphs 110 "$py" tools/gpu_check.py --dir "$dir" --graphs --members 2 $args
 else
   skip graphs "vLLM not available: $vllm"
+fi
+# members in one batch (es.noise=lowrank) vs batch inference and full-rank members in turn, on the random checkpoint
+ckpt=$(dirname "$(ls -d "$dir"/*/config.json 2>/dev/null | head -1)")
+if [ -f "$ckpt/config.json" ]; then
+  # shellcheck disable=SC2086  # $margs: arguments, split on spaces
+  part members 100 "$py" tools/bench_members.py --model "$ckpt" --modes inference lowrank_batch fullrank_seq $margs
+else
+  skip members "no random checkpoint in $dir (the eager part writes it)"
 fi
 part noise 120 env -u TRITON_INTERPRET "$py" tools/bench_noise.py --cuda  # what is left of the budget
 
@@ -171,7 +183,7 @@ def pinned() -> dict:
 
 report = {name: load(name) for name in ("env", "setup", "noise_check", "eager")}
 report["pinned"] = pinned()
-report.update({name: load(name) for name in ("graphs", "noise")})
+report.update({name: load(name) for name in ("graphs", "members", "noise")})
 report.update(seconds=seconds, budget_s=budget, dir=d)
 print(json.dumps(report))
 PY

@@ -55,12 +55,13 @@ class EpisodeTally:
             return tasks, [stream_seed(self.run_seed, "common_episode", member.step, e) for e in range(len(tasks))]
         return tasks, [stream_seed(self.run_seed, "episode", member.step, member.index, e) for e in range(len(tasks))]
 
-    def play_retrying(self, attempt, n: int, kind=None) -> list:
+    def play_retrying(self, attempt, n: int, kind=None, groups: list[list[int]] | None = None) -> list:
         """``attempt(indices)``: the episodes of those of the ``n`` tasks. An episode the infrastructure failed (a
         site down, a sandbox that would not start) is played once more, same task and seed; the second attempt
         counts, whatever it gives, and carries the first one's error. Training episodes all of which still failed
         so (the member would be dropped) are played once more as a whole: the member is evaluated again, and only
-        that evaluation's episodes count (are tallied, written, returned)."""
+        that evaluation's episodes count (are tallied, written, returned). ``groups``: the episodes of each member
+        when several members play in one batch (default: all ``n`` are one member's)."""
         eps = attempt(list(range(n)))
         again = [i for i, e in enumerate(eps) if e.failure == "infra"]
         if again:
@@ -71,13 +72,14 @@ class EpisodeTally:
                 eps[i] = ep
             if kind == "train":
                 self.retried += len(again)
-        if kind == "train" and n and all(e.failure == "infra" for e in eps):
+        for group in (groups if groups is not None else [list(range(n))]) if kind == "train" else ():
+            if not group or not all(eps[i].failure == "infra" for i in group):
+                continue
             log.warning("every episode of the member failed for infrastructure reasons (%s); evaluating it once "
-                        "more", eps[0].error)
-            first = eps
-            eps = attempt(list(range(n)))
-            for ep, old in zip(eps, first):
-                ep.retried = f"the member was evaluated again: {old.error or 'infra'}"
+                        "more", eps[group[0]].error)
+            for i, ep in zip(group, attempt(group)):
+                ep.retried = f"the member was evaluated again: {eps[i].error or 'infra'}"
+                eps[i] = ep
             self.reevaluated += 1
         return eps
 
@@ -128,7 +130,7 @@ class EpisodePlayer(EpisodeTally):
         self.traj_path = traj_path if traj_path and dims.rank == 0 else None
         EpisodeTally.__init__(self)
 
-    def play(self, tasks, seeds, cfg, render=None, slots=None, ctx_seeds=None, **tags) -> list:
+    def play(self, tasks, seeds, cfg, render=None, slots=None, ctx_seeds=None, members=None, **tags) -> list:
         """The episodes of ``tasks`` (one per seed) on the TP leader, logged to the trajectories file; [] on its
         peers, which follow the leader's generations meanwhile.
 
@@ -137,25 +139,32 @@ class EpisodePlayer(EpisodeTally):
         whole set it belongs to, the same at every layout (training: step + pair * episodes_per_step + episode;
         held-out: its global index; default: its index here); ``ctx_seeds``: the seed each episode's context is
         rendered with (default: its episode seed). ``tags["kind"] == "train"``: failed episodes are counted.
+        ``members``: each episode's member slot when several members play in one batch (es.member_batch); then
+        ``tags["member"]`` lists the member index of each slot.
         """
-        return self.engine.lead(lambda: self._play(tasks, seeds, cfg, render, slots, ctx_seeds, tags), cfg.sampling,
-                                default=[])
+        return self.engine.lead(lambda: self._play(tasks, seeds, cfg, render, slots, ctx_seeds, members, tags),
+                                cfg.sampling, default=[])
 
-    def _play(self, tasks, seeds, cfg, render, slots, ctx_seeds, tags) -> list:
+    def _play(self, tasks, seeds, cfg, render, slots, ctx_seeds, members, tags) -> list:
         slots = list(range(len(tasks))) if slots is None else list(slots)
         ctx_seeds = list(seeds) if ctx_seeds is None else list(ctx_seeds)
 
         def attempt(idx):
             return self._attempt([tasks[i] for i in idx], [seeds[i] for i in idx], cfg, render,
-                                 [slots[i] for i in idx], [ctx_seeds[i] for i in idx])
+                                 [slots[i] for i in idx], [ctx_seeds[i] for i in idx],
+                                 None if members is None else [members[i] for i in idx])
 
-        eps = self.play_retrying(attempt, len(tasks), tags.get("kind"))
+        groups = None if members is None else \
+            [[i for i, m in enumerate(members) if m == s] for s in dict.fromkeys(members)]
+        eps = self.play_retrying(attempt, len(tasks), tags.get("kind"), groups)
         if self.traj_path:
-            write_trajectories(self.traj_path, eps, **tags)
+            for group in groups or [list(range(len(eps)))]:  # a member's episodes under its own index
+                member = {} if members is None else {"member": tags["member"][members[group[0]]]}
+                write_trajectories(self.traj_path, [eps[i] for i in group], **{**tags, **member})
         self.tally(eps, tags.get("kind"))
         return eps
 
-    def _attempt(self, tasks, seeds, cfg, render, slots, ctx_seeds) -> list:
+    def _attempt(self, tasks, seeds, cfg, render, slots, ctx_seeds, members=None) -> list:
         """One attempt at the episodes of ``tasks``, each in a fresh environment."""
         envs = []
         try:
@@ -175,7 +184,8 @@ class EpisodePlayer(EpisodeTally):
             for a in range(0, len(tasks), group):
                 b = a + group
                 ctx = [render(s, k) for s, k in zip(ctx_seeds[a:b], slots[a:b])] if render is not None else None
-                eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, ctx)
+                eps += run_episodes(self.engine, envs[a:b], tasks[a:b], seeds[a:b], cfg, ctx,
+                                    **({} if members is None else {"members": members[a:b]}))
         finally:
             for env in envs:  # an episode the loop abandoned (its wall clock) still holds its browser
                 getattr(env, "close", lambda: None)()
@@ -243,25 +253,50 @@ class AgentObjective:
 
     def evaluate_member(self, member) -> float:
         """Member ``member``'s mean return over its step's tasks (NaN if every episode was an infrastructure fault)."""
-        p = self.player
-        tasks, seeds = p.member_episodes(member)
-        # a prompt optimiser shares the step's episodes out by slot: consecutive within the step (EoH: every
-        # operator equally often, +-1) and shifted by the step (an operator the step has too few slots for runs at
-        # later steps); both members of a mirrored pair play the same slots and contexts (operator and parents),
-        # their token sampling differs as any two members' does (unless env.common_draws)
-        slots = [member.step + member.pair * len(tasks) + e for e in range(len(tasks))]
-        ctx_seeds = [stream_seed(p.run_seed, "context", member.step, k) for k in slots]
-        ctx = {} if self.context is None else {"render": self.context.render, "context": self.context.hash}
-        eps = p.play(tasks, seeds, p.train_cfg, slots=slots, ctx_seeds=ctx_seeds, kind="train", step=member.step,
-                     member=member.index, **ctx)
-        if self.context is not None:
-            from esopt_mp.prompt import Trajectory
+        return self.evaluate_members([member])[member.index]
 
-            extract = p.spec.program_extractor()  # the env's own extraction: the program it evaluated
-            self.trajectories += [Trajectory.from_turns(e.ret, e.turns, member.index, extract, k, member.step)
-                                  for k, e in zip(slots, eps)]
-        total, n = return_total(eps)
-        return total / n if n else math.nan
+    def evaluate_members(self, members: list, batched: bool = False) -> dict[int, float]:
+        """Each member's mean return (:meth:`evaluate_member`); ``batched``: all their episodes in one batch, member
+        ``members[s]`` at slot s of the engine's members (es.member_batch: the weights are not perturbed)."""
+        p = self.player
+        tasks, seeds, slots, ctx_seeds, which = [], [], [], [], []
+        for s, member in enumerate(members):
+            t, sd = p.member_episodes(member)
+            # a prompt optimiser shares the step's episodes out by slot: consecutive within the step (EoH: every
+            # operator equally often, +-1) and shifted by the step (an operator the step has too few slots for runs
+            # at later steps); both members of a mirrored pair play the same slots and contexts (operator and
+            # parents), their token sampling differs as any two members' does (unless env.common_draws)
+            ks = [member.step + member.pair * len(t) + e for e in range(len(t))]
+            tasks += t
+            seeds += sd
+            slots += ks
+            ctx_seeds += [stream_seed(p.run_seed, "context", member.step, k) for k in ks]
+            which += [s] * len(t)
+        ctx = {} if self.context is None else {"render": self.context.render, "context": self.context.hash}
+        step = members[0].step
+        if batched:
+            eps = p.play(tasks, seeds, p.train_cfg, slots=slots, ctx_seeds=ctx_seeds, members=which, kind="train",
+                         step=step, member=[m.index for m in members], **ctx)
+        else:
+            eps = p.play(tasks, seeds, p.train_cfg, slots=slots, ctx_seeds=ctx_seeds, kind="train", step=step,
+                         member=members[0].index, **ctx)
+        if not eps:  # a TP peer: the leader's returns reach it through the gather
+            eps = [None] * len(tasks)
+        out = {}
+        for s, member in enumerate(members):
+            mine = [(k, e) for k, e, w in zip(slots, eps, which) if w == s and e is not None]
+            if self.context is not None and mine:
+                self._keep_trajectories(member, mine)
+            total, n = return_total([e for _, e in mine])
+            out[member.index] = total / n if n else math.nan
+        return out
+
+    def _keep_trajectories(self, member, played) -> None:
+        from esopt_mp.prompt import Trajectory
+
+        extract = self.player.spec.program_extractor()  # the env's own extraction: the program it evaluated
+        self.trajectories += [Trajectory.from_turns(e.ret, e.turns, member.index, extract, k, member.step)
+                              for k, e in played]
 
     def evaluate_held_out(self) -> tuple[float, dict]:
         """(Mean@k, its details) of the unperturbed weights on every rank (:meth:`HeldOut.evaluate`)."""

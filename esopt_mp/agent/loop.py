@@ -71,7 +71,7 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int], cfg: AgentConfig,
-                 contexts: list[str] | None = None) -> list[Episode]:
+                 contexts: list[str] | None = None, members: list[int] | None = None) -> list[Episode]:
     """Play one episode per (env, task) concurrently (at tp > 1: on the TP leader, inside ``engine.lead``).
 
     With ``cfg.max_episode_tokens`` each turn may generate at most what the budget leaves after the
@@ -79,12 +79,14 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
     ``token_budget`` with the return of its last step (the env's score of an unfinished episode; 0
     before any turn). ``contexts``: per episode, text appended to the opening system message (a new one
     if the env sends none); '' adds nothing. This is where a prompt optimiser's current context reaches
-    the model.
+    the model. ``members``: per episode, its member's slot in the engine's batch of members (es.member_batch);
+    None: every episode plays the weights as they are.
     """
     tok = engine.tokenizer
     im_end = tok.convert_tokens_to_ids(IM_END)
     episodes = [Episode(str(t.get("id", i))) for i, t in enumerate(tasks)]
-    convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
+    convs = [engine.new_conversation(i, s) if members is None else engine.new_conversation(i, s, member=members[i])
+             for i, s in enumerate(seeds)]
     start = [time.perf_counter()] * len(tasks)
     new_ids, prompts, live = {}, {}, []
     resets = call_envs([(env, "reset", task) for env, task in zip(envs, tasks)], cfg.env_workers)  # at once if allowed

@@ -32,6 +32,7 @@ class Conversation:
     ids: list[int] = dataclasses.field(default_factory=list)
     cache: object = None
     cached: int = 0  # tokens of ``ids`` already in ``cache``
+    member: int = -1  # its member's slot in the engine's MemberLinears (-1: the weights as they are)
 
 
 def cache_kwarg(model) -> str:
@@ -67,11 +68,14 @@ class HFEngine:
     """The :class:`~esopt_mp.engine.base.Engine` on a transformers model (prefix reuse, batched prefill)."""
 
     def __init__(self, model, tokenizer, *, prefix_reuse: bool = True, eos_token_ids=None,
-                 prefill_call_tokens: int = 256):
-        """``prefill_call_tokens``: what one forward call costs in prefilled tokens (the prefill plan's cost model)."""
+                 prefill_call_tokens: int = 256, members=None):
+        """``prefill_call_tokens``: what one forward call costs in prefilled tokens (the prefill plan's cost model);
+        ``members``: a :class:`~esopt_mp.engine.members.MemberLinears` on ``model``, through which each
+        conversation's forwards play its member (``new_conversation(..., member=slot)``)."""
         if not isinstance(prefill_call_tokens, int) or prefill_call_tokens < 0:
             raise ValueError(f"HFEngine: prefill_call_tokens must be an int >= 0, got {prefill_call_tokens!r}")
         self.model, self.tokenizer = model, tokenizer
+        self.members = members
         self.prefix_reuse = prefix_reuse
         self.prefill_call_tokens = prefill_call_tokens
         self.pad_id = pad_id(tokenizer)
@@ -82,10 +86,12 @@ class HFEngine:
         cfg = getattr(model.config, "text_config", None) or model.config
         self.max_context = getattr(cfg, "max_position_embeddings", None)  # prompt + reply tokens the model takes
 
-    def new_conversation(self, cid: int, seed: int) -> Conversation:
+    def new_conversation(self, cid: int, seed: int, member: int = -1) -> Conversation:
+        if member != -1 and self.members is None:
+            raise ValueError("a conversation for a member slot needs an engine built with members (es.member_batch)")
         g = torch.Generator()
         g.manual_seed(seed & ((1 << 63) - 1))
-        return Conversation(cid, g)
+        return Conversation(cid, g, member=member)
 
     def close(self) -> None:
         """Nothing to shut down: the model belongs to the trainer."""
@@ -95,8 +101,15 @@ class HFEngine:
 
         return DynamicCache(config=self.model.config)
 
-    def _forward(self, ids: torch.Tensor, cache, positions: torch.Tensor, mask: torch.Tensor | None):
+    def _forward(self, ids: torch.Tensor, cache, positions: torch.Tensor, mask: torch.Tensor | None,
+                 convs: list[Conversation] | None = None):
         self.stats.forward_calls += 1
+        if self.members is not None and convs is not None:  # each row's member; none set: the base weights at no extra cost
+            slots = [c.member for c in convs]
+            if any(s != -1 for s in slots):
+                self.members.set_rows(slots)
+            else:
+                self.members.rows = None
         out = self.model(input_ids=ids.to(self.device), **{self._cache_kw: cache}, use_cache=True,
                          logits_to_keep=last_position(ids.shape[1], self.device),
                          position_ids=positions.to(self.device),
@@ -107,7 +120,7 @@ class HFEngine:
     def _prefill_forward(self, convs: list[Conversation], ids: list[list[int]], cache, pads: list[int],
                          positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One prefill forward for ``convs``; each gets its own batch-1 cache back."""
-        logits = self._forward(torch.tensor(ids), cache, positions, mask)
+        logits = self._forward(torch.tensor(ids), cache, positions, mask, convs)
         self.stats.prefill_calls += 1
         self.stats.prefill_padded_tokens += len(ids) * len(ids[0])
         for j, conv in enumerate(convs):
@@ -212,7 +225,8 @@ class HFEngine:
                 lengths, mask = lengths[rows], mask[rows]
                 toks = [toks[j] for j in keep]
             mask = torch.cat([mask, torch.ones(len(active), 1, dtype=torch.long)], 1)
-            logits = self._forward(torch.tensor(toks)[:, None], cache, lengths[:, None], mask)
+            logits = self._forward(torch.tensor(toks)[:, None], cache, lengths[:, None], mask,
+                                   [convs[i] for i in active])
             lengths = lengths + 1
         return results
 

@@ -86,10 +86,13 @@ class TPEngine:
         self.inner.close()
 
     # ------------------------------------------------------------------ leader
-    def new_conversation(self, cid: int, seed: int, join: bool = False):
+    def new_conversation(self, cid: int, seed: int, join: bool = False, member: int = -1):
         """``join``: the conversation joins the batch the peers hold instead of starting the next one (a server
-        opens conversations while the others go on)."""
-        conv = self.inner.new_conversation(cid, seed)
+        opens conversations while the others go on); ``member``: its member slot (es.member_batch, tp = 1)."""
+        if member != -1 and self.chan.on:
+            raise NotImplementedError("members in one batch at tp > 1: the peers would not know each row's member")
+        conv = self.inner.new_conversation(cid, seed, member=member) if member != -1 else \
+            self.inner.new_conversation(cid, seed)
         if self.chan.on:
             if join and self._seeds is None and self._batch:
                 self._batch.append(conv)

@@ -282,7 +282,7 @@ def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int,
     spec = {"model_path": model_path, "sync": engine_cfg.weight_sync, "include": list(es_cfg.include),
             "exclude": list(es_cfg.exclude), "restore": es_cfg.restore, "master": es_cfg.master,
             "chunk_elems": es_cfg.chunk_elems, "noise_backend": es_cfg.noise_backend, "work_passes": work_passes,
-            "cache_warm": cache_warm}
+            "cache_warm": cache_warm, "noise": es_cfg.noise, "rank": es_cfg.rank}
     summary = llm.collective_rpc("esopt_setup", args=(spec,))[0]
     group = list(range(dims.rank - dims.tp_rank, dims.rank - dims.tp_rank + dims.tp))
     if (summary["vllm_tp_rank"], summary["vllm_tp_size"], summary["vllm_tp_ranks"]) != (dims.tp_rank, dims.tp, group):

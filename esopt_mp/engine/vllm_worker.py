@@ -213,7 +213,8 @@ class ESWorkerExtension:
                                           master=spec.get("master", "none"),
                                           chunk_elems=spec.get("chunk_elems", 1 << 24),
                                           noise_backend=spec.get("noise_backend", "auto"),
-                                          work_passes=spec.get("work_passes"), cache_warm=spec.get("cache_warm"))
+                                          work_passes=spec.get("work_passes"), cache_warm=spec.get("cache_warm"),
+                                          noise=spec.get("noise", "full"), rank=spec.get("rank", 1))
         self._esopt_changed()  # the served-dtype values reach vLLM before the first generation
         unmapped = sum(math.prod(s) for s in runtime_shapes.values()) - sum(p.stop - p.start for p in pieces)
         return {"sync": sync, "pieces": len(pieces), "perturbed_pieces": len(chosen),

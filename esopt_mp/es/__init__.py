@@ -6,7 +6,7 @@ from esopt_mp.lazy import lazy_exports
 
 _EXPORTS = {
     "fill_": "noise", "gaussian": "noise", "local_noise": "noise", "stream": "noise",
-    "Perturber": "perturber", "build_local_shards": "perturber",
+    "Perturber": "perturber", "build_local_shards": "shard",
     "Schedule": "seeds", "member_seed": "seeds", "population": "seeds", "splitmix64": "seeds",
     "shape_returns": "shaping", "WeightOps": "weight_ops",
 }

@@ -15,11 +15,13 @@ RESTORE_MODES = ("subtract", "snapshot")  # subtract: theta - sigma*eps (no copy
 MASTER_MODES = ("none", "fp32_host")  # fp32_host: an fp32 master copy of low-precision weights on the host
 NOISE_BACKENDS = ("auto", "eager", "compile", "triton")  # esopt_mp/es/backend.py
 SHAPINGS = ("zscore", "centered_rank", "raw")  # esopt_mp/es/shaping.py
+NOISE_MODES = ("full", "lowrank")  # full: every element its own eps; lowrank: A B^T / sqrt(r) per 2-D tensor
+MAX_RANK = 64  # es.rank: far above what batching members pays for; bounds the factors (2 (m + n) r per member)
 DECAY_TARGETS = ("zero", "start")  # what es.weight_decay pulls the weights toward: 0, or the run's starting weights
 MIN_CHUNK_ELEMS = 1024
 
-__all__ = ["DECAY_TARGETS", "ESConfig", "MASTER_MODES", "NOISE_BACKENDS", "RESTORE_MODES", "SCHEDULE_KINDS", "SHAPINGS",
-           "ScheduleConfig"]
+__all__ = ["DECAY_TARGETS", "ESConfig", "MASTER_MODES", "MAX_RANK", "NOISE_BACKENDS", "NOISE_MODES", "RESTORE_MODES",
+           "SCHEDULE_KINDS", "SHAPINGS", "ScheduleConfig"]
 
 
 @dataclasses.dataclass
@@ -45,6 +47,9 @@ class ESConfig:
     master: str = "none"
     chunk_elems: int = 1 << 24
     noise_backend: str = "auto"  # esopt_mp/es/backend.py: triton on CUDA, compile for large CPU shards
+    noise: str = "full"  # lowrank: each 2-D tensor perturbed by a rank-`rank` product, others not (es/lowrank.py)
+    rank: int = 1
+    member_batch: bool = False  # lowrank: a dp group's members in one batched generation (engine/members.py)
     weight_decay: float = 0.0
     decay_to: str = "zero"  # zero: theta <- (1 - alpha*wd) theta + step; start: theta - alpha*wd (theta - theta0) + step
     include: list[str] = dataclasses.field(default_factory=lambda: ["*"])
@@ -65,6 +70,10 @@ class ESConfig:
         check(self.chunk_elems >= MIN_CHUNK_ELEMS, f"{key}.chunk_elems",
               f"must be >= {MIN_CHUNK_ELEMS}, got {self.chunk_elems}")
         check_choice(self.noise_backend, NOISE_BACKENDS, f"{key}.noise_backend")
+        check_choice(self.noise, NOISE_MODES, f"{key}.noise")
+        check(1 <= self.rank <= MAX_RANK, f"{key}.rank", f"must be in 1..{MAX_RANK}, got {self.rank}")
+        check(not self.member_batch or self.noise == "lowrank", f"{key}.member_batch",
+              "members share one batch through their low-rank terms: needs es.noise=lowrank")
         check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"{key}.weight_decay",
               f"must be finite and >= 0, got {self.weight_decay}")
         check_choice(self.decay_to, DECAY_TARGETS, f"{key}.decay_to")

@@ -152,3 +152,27 @@ class WholeTensors:
         """(index among the tensors, that tensor's flat slice of ``z``)."""
         for k, (o, n) in enumerate(zip(self.offsets, self.numels)):
             yield k, z[o : o + n]
+
+
+def group_whole_tensors(shards, eligible: list[bool], backends: dict, block: int) -> list[tuple[WholeTensors, list[int]]]:
+    """Small whole ``eligible`` shards on one device (a noise block or less each), in groups of at most ``block``
+    elements: one kernel call per group per seed instead of one per tensor (:class:`WholeTensors`); (group, the
+    shards' indices) for groups of two or more."""
+    by_device: dict = {}
+    for k, s in enumerate(shards):
+        if eligible[k] and s.info.is_full and s.info.numel <= block:
+            by_device.setdefault(s.tensor.device, []).append(k)
+    out = []
+    for dev, ks in by_device.items():
+        group: list[int] = []
+        size = 0  # the group's elements
+        for k in [*ks, None]:
+            n = 0 if k is None else shards[k].info.numel
+            if group and (k is None or size + n > block):
+                if len(group) > 1:
+                    out.append((WholeTensors([shards[j].info for j in group], dev, backends[dev]), group))
+                group, size = [], 0
+            if k is not None:
+                group.append(k)
+                size += n
+    return out

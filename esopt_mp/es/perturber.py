@@ -32,27 +32,15 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from esopt_mp.es import lowrank
 from esopt_mp.es.backend import resolve as resolve_backend
-from esopt_mp.es.config import DECAY_TARGETS, MASTER_MODES, RESTORE_MODES
+from esopt_mp.es.config import DECAY_TARGETS, MASTER_MODES, MAX_RANK, NOISE_MODES, RESTORE_MODES
 from esopt_mp.es.hostmem import HostCopies
-from esopt_mp.es.noise import WholeTensors, stream
-from esopt_mp.es.shard import LocalShard, ShardInfo
+from esopt_mp.es.noise import group_whole_tensors, stream
+from esopt_mp.es.shard import LocalShard
 from esopt_mp.typed import check_choice
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the Triton kernels' fp32 math; not fp64
-
-
-def build_local_shards(module: torch.nn.Module, include=None) -> list[LocalShard]:
-    """Shards of an unsharded module: every parameter whole, under its own name.
-
-    Tied parameters appear once (under the first name), as in a checkpoint.
-    ``include`` is an optional predicate on the name.
-    """
-    return [
-        LocalShard(p.data, ShardInfo.full(name, p.shape))
-        for name, p in module.named_parameters()
-        if include is None or include(name)
-    ]
 
 
 def exact_restore(restore: str, master: str) -> bool:
@@ -86,8 +74,13 @@ class Perturber:
         work_passes: float | None = None,
         cache_warm: bool | None = None,
         decay_to: str = "zero",
+        noise: str = "full",
+        rank: int = 1,
     ):
         check_choice(restore, RESTORE_MODES, "es.restore")
+        check_choice(noise, NOISE_MODES, "es.noise")
+        if not isinstance(rank, int) or not 1 <= rank <= MAX_RANK:
+            raise ValueError(f"es.rank must be an int in 1..{MAX_RANK}, got {rank!r}")
         check_choice(master, MASTER_MODES, "es.master")
         check_choice(decay_to, DECAY_TARGETS, "es.decay_to")
         if chunk_elems < 1:
@@ -101,6 +94,10 @@ class Perturber:
         # a noise block's temporaries (~40 B/element) stay under ~10% of the fp32 chunk
         self.block = int(block) if block else max(1 << 14, min(1 << 17, self.chunk_elems // 128))
         self.noise_backend = noise_backend
+        self.noise, self.rank = noise, rank
+        # per shard: "full" (its own eps), "lowrank" (a rank-r product: es.noise=lowrank's 2-D tensors) or "none"
+        self.kinds = ["full" if noise == "full" else "lowrank" if lowrank.applies(s.info) else "none"
+                      for s in self.shards]
         per_device: dict[torch.device, int] = {}
         for s in self.shards:
             per_device[s.tensor.device] = per_device.get(s.tensor.device, 0) + s.info.numel
@@ -108,7 +105,10 @@ class Perturber:
         # ``work_passes``: how many times the run will regenerate each local element's noise (auto decides on it)
         self.backends = {dev: resolve_backend(noise_backend, dev, n, None if work_passes is None else n * work_passes,
                                               cache_warm) for dev, n in per_device.items()}
-        self._wholes = self._group_whole_tensors()
+        self._banks = None  # es.noise=lowrank: the factors' counters per device (factors())
+        self._wholes = group_whole_tensors(self.shards, [k == "full" and self.backends[s.tensor.device] != "triton"
+                                                         for s, k in zip(self.shards, self.kinds)],
+                                           self.backends, self.block)
         self._in_whole = {k for _, ks in self._wholes for k in ks}
         self._active: tuple[int, float, int] | None = None
         tensors = [s.tensor for s in self.shards]
@@ -171,39 +171,36 @@ class Perturber:
         return stream(seed, shard.info, a, b, block=self.block, device=shard.tensor.device,
                       backend=self.backends[shard.tensor.device])
 
-    def _group_whole_tensors(self) -> list[tuple[WholeTensors, list[int]]]:
-        """Small whole tensors on one device (a noise block or less each), in groups of at most a block's elements:
-        one kernel call per group per seed instead of one per tensor (:class:`~esopt_mp.es.noise.WholeTensors`)."""
-        by_device: dict[torch.device, list[int]] = {}
-        for k, s in enumerate(self.shards):
-            if s.info.is_full and self.backends[s.tensor.device] != "triton" and s.info.numel <= self.block:
-                by_device.setdefault(s.tensor.device, []).append(k)
-        out = []
-        for dev, ks in by_device.items():
-            group: list[int] = []
-            size = 0  # the group's elements
-            for k in [*ks, None]:
-                n = 0 if k is None else self.shards[k].info.numel
-                if group and (k is None or size + n > self.block):
-                    if len(group) > 1:
-                        out.append((WholeTensors([self.shards[j].info for j in group], dev, self.backends[dev]),
-                                    group))
-                    group, size = [], 0
-                if k is not None:
-                    group.append(k)
-                    size += n
-        return out
-
     def _fused(self, shard: LocalShard) -> bool:
         """Whether the fused Triton kernels do this shard's arithmetic (fp32 math: not fp64 weights)."""
         return self.backends[shard.tensor.device] == "triton" and shard.tensor.dtype in FUSED_DTYPES
+
+    def factors(self, seed: int, k: int | None = None):
+        """(A, B) of member ``seed`` for low-rank shard ``k``'s local slice (:func:`esopt_mp.es.lowrank.factors`); all
+        shards' as {k: (A, B)} when ``k`` is None, from one kernel call per device (:class:`~esopt_mp.es.lowrank.
+        FactorBank`)."""
+        if self._banks is None:  # built on first use: a full-rank run never needs it
+            by_dev: dict = {}
+            for j, s in enumerate(self.shards):
+                if self.kinds[j] == "lowrank":
+                    by_dev.setdefault(s.tensor.device, []).append(j)
+            self._banks = [(lowrank.FactorBank([self.shards[j].info for j in ks], self.rank, dev, self.backends[dev]),
+                            ks) for dev, ks in by_dev.items()]
+        out = {}
+        for bank, ks in self._banks:
+            out.update(zip(ks, bank.factors(seed)))
+        return out if k is None else out[k]
 
     def _add_noise_(self, seed: int, scale: float) -> None:
         for whole, ks in self._wholes:
             for j, z in whole.views(whole.normals(seed)):
                 self.shards[ks[j]].tensor.view(-1).add_(z, alpha=scale)
+        facs = self.factors(seed) if self.noise == "lowrank" else {}
         for k, shard in enumerate(self.shards):
-            if k in self._in_whole:
+            if k in self._in_whole or self.kinds[k] == "none":
+                continue
+            if self.kinds[k] == "lowrank":
+                lowrank.add_(shard.tensor, shard.info, *facs[k], scale, self.rank, self.chunk_elems)
                 continue
             flat = shard.tensor.view(-1)
             if self._fused(shard):
@@ -310,9 +307,10 @@ class Perturber:
             from esopt_mp.es import triton_noise  # on use: triton is an optional extra
 
             packed = {dev: triton_noise.pack_members(members, dev) for dev, b in self.backends.items() if b == "triton"}
-        fused_in_place = [self._fused(s) and not pull  # the kernel has no theta0 operand: it sums, torch applies
-                          and (self._master is None or self._master[k].device == s.tensor.device)
+        fused_in_place = [self._fused(s) and not pull and self.kinds[k] == "full"  # no theta0 operand: it sums,
+                          and (self._master is None or self._master[k].device == s.tensor.device)  # torch applies
                           for k, s in enumerate(self.shards)]
+        decays = decay != 1.0 or pull != 0.0  # tensors this mode does not perturb still take the decay
         for whole, ks in self._wholes:  # small whole tensors: the sum over members in one buffer per group
             acc = torch.zeros(whole.size, device=whole.q.device)
             for seed, w in members:
@@ -323,12 +321,21 @@ class Perturber:
         sizes: dict[torch.device, int] = {}  # one accumulator per device, reused by every shard that needs it
         for k, (shard, done) in enumerate(zip(self.shards, fused_in_place)):
             dev = shard.tensor.device
-            if not done and k not in self._in_whole:
-                sizes[dev] = max(sizes.get(dev, 0), min(self.chunk_elems, shard.info.numel))
+            if not done and k not in self._in_whole and (self.kinds[k] != "none" or decays):
+                whole_row = shard.info.local_shape[1] if self.kinds[k] == "lowrank" else 0
+                sizes[dev] = max(sizes.get(dev, 0), min(self.chunk_elems, shard.info.numel), whole_row)
         bufs = {dev: torch.empty(n, dtype=torch.float32, device=dev) for dev, n in sizes.items()}
+        member_facs = [self.factors(seed) for seed, _ in members] if self.noise == "lowrank" else []
         for k, shard in enumerate(self.shards):
             if k in self._in_whole:
                 continue
+            if self.kinds[k] == "none" and not decays:
+                continue
+            if self.kinds[k] == "lowrank":
+                self._update_lowrank_(k, [(*f[k], w) for f, (_, w) in zip(member_facs, members)], scale,
+                                      bufs[shard.tensor.device], decay, pull)
+                continue
+            mine = members if self.kinds[k] == "full" else []  # "none": the decay alone
             flat = shard.tensor.view(-1)
             n = shard.info.numel
             if fused_in_place[k]:  # one pass, the sum in registers, into the weights or the same-device master
@@ -339,17 +346,21 @@ class Perturber:
             for a in range(0, n, self.chunk_elems):
                 b = min(n, a + self.chunk_elems)
                 acc = acc_buf[: b - a]
-                if self._fused(shard):  # host master: the kernel sums on the device, torch applies it
+                if self._fused(shard) and mine:  # host master: the kernel sums on the device, torch applies it
                     triton_noise.update_(acc, shard.info, members, scale, 1.0, start=a, acc_only=True,
                                          packed=packed[shard.tensor.device])
                 else:
                     acc.zero_()
-                    for seed, w in members:
+                    for seed, w in mine:
                         for p, z in self._stream(seed, shard, a, b):
                             acc[p - a : p - a + z.numel()].view_as(z).add_(z, alpha=w)
                     acc.mul_(scale)
                 self._apply_(k, a, b, acc, decay, pull)
         self._snapshot = None  # stale: refreshed at the next perturb
+
+    def _update_lowrank_(self, k: int, facs: list, scale: float, buf: torch.Tensor, decay: float, pull: float) -> None:
+        for a, b, acc in lowrank.summed(self.shards[k].info, facs, scale, self.rank, self.chunk_elems, buf):
+            self._apply_(k, a, b, acc, decay, pull)
 
     def _apply_(self, k: int, a: int, b: int, acc: torch.Tensor, decay: float, pull: float = 0.0) -> None:
         """Elements [a, b) of shard ``k`` take the update ``acc`` (already scaled), after the decay (``decay``:

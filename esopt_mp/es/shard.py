@@ -118,3 +118,16 @@ class LocalShard:
             raise ValueError(f"{self.info.name}: ES perturbs floating-point tensors, got {self.tensor.dtype}")
         if not self.tensor.is_contiguous():
             raise ValueError(f"{self.info.name}: local tensor must be contiguous")
+
+
+def build_local_shards(module: torch.nn.Module, include=None) -> list[LocalShard]:
+    """Shards of an unsharded module: every parameter whole, under its own name.
+
+    Tied parameters appear once (under the first name), as in a checkpoint.
+    ``include`` is an optional predicate on the name.
+    """
+    return [
+        LocalShard(p.data, ShardInfo.full(name, p.shape))
+        for name, p in module.named_parameters()
+        if include is None or include(name)
+    ]

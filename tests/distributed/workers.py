@@ -159,3 +159,29 @@ def schedule_worker(rank: int, world: int, model_path: str, run_dir: str, out_pa
         result["queues"] = MemberQueue._made
     if rank == 0:
         torch.save(result, out_path)
+
+
+def lowrank_layout_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_dir: str, out_path: str,
+                          steps: int) -> None:
+    """seed_hash under es.noise=lowrank: each shard's factors are the rows of the whole tensor's; the weights after
+    ``steps`` steps, for the comparison across layouts."""
+    from esopt_mp.es import lowrank
+
+    dims = init_distributed(discover(), dp, tp)
+    trainer = ESTrainer(_cfg(dp, tp, model_path, run_dir, "seed_hash", steps, noise="lowrank", rank=2), dims)
+    seed = population(7, 0, 8, True)[0][0]
+    for k, shard in enumerate(trainer.shards):
+        if trainer.perturber.kinds[k] != "lowrank":
+            continue
+        info = shard.info
+        whole_a, whole_b = lowrank.factors(seed, ShardInfo.full(info.name, info.global_shape), 2)
+        a, b = trainer.perturber.factors(seed, k)
+        assert torch.equal(a, whole_a[info.offset[0] : info.offset[0] + info.local_shape[0]]), info.name
+        assert torch.equal(b, whole_b[info.offset[1] : info.offset[1] + info.local_shape[1]]), info.name
+    for t in range(steps):
+        trainer.step(t)
+    result = {"weights": full_state_dict(trainer.model),
+              "sharded": sorted(s.info.name for s in trainer.shards if not s.info.is_full)}
+    trainer.close()
+    if rank == 0:
+        torch.save(result, out_path)

@@ -31,7 +31,7 @@ def _gpu_check(tmp_path, *argv, **env):
     path = os.pathsep.join(p for p in (_no_vllm(tmp_path), os.environ.get("PYTHONPATH")) if p)
     full = dict(os.environ, PYTHONPATH=path, PYTHON=sys.executable, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
                 ESOPT_GPU_CHECK_DIR=str(tmp_path / "work"))
-    full.update({"ESOPT_GPU_CHECK_ARGS": TINY, **env})
+    full.update({"ESOPT_GPU_CHECK_ARGS": TINY, "ESOPT_GPU_CHECK_MEMBERS_ARGS": "--G 2 --episodes 1 --tokens 2", **env})
     if "ESOPT_WHEELS" not in env:
         full.pop("ESOPT_WHEELS", None)  # no wheels unless the test gives them
     proc = subprocess.run(["bash", "tools/gpu_check.sh", *argv], cwd=ROOT, capture_output=True, text=True,
@@ -58,6 +58,9 @@ def test_gpu_check_measures_hf_without_vllm(tmp_path):
     vllm = r["eager"]["vllm"]
     assert vllm["available"] is False and "vllm does not import" in vllm["reason"]
     assert r["graphs"]["skipped"] and "vLLM not available" in r["graphs"]["reason"]
+    members = r["members"]["table"]  # the random checkpoint's members in one batch, measured on the CPU
+    assert "exit" not in r["members"] and set(members) == {"2"}, r["members"]
+    assert all(_number(m["tokens_per_s"]) and m["tokens_per_s"] > 0 for g in members.values() for m in g.values())
     for part in ("noise_check", "noise"):  # no CUDA here: the Triton kernels' parts say why they skipped
         assert r[part]["skipped"] and "CUDA" in r[part]["reason"], r[part]
     assert r["pinned"]["tests"] == 2 and r["pinned"]["skipped"] == 2 and r["pinned"]["ok"], r["pinned"]

@@ -40,7 +40,7 @@ def test_layout_eval_run_and_paths_do_not_change_the_hash(tmp_path, model_dir):
     {"es": {"exclude": ["*norm*"]}}, {"es": {"sigma": {"start": 0.5}}}, {"model": {"dtype": "bfloat16"}},
     {"env": {"max_turns": 9}}, {"env": {"sudoku": {"mask_count": 5}}}, {"env": {"sudoku": {"hints": True}}}, {"env": {"episodes_per_step": 2}},
     {"env": {"task_seed": 1}}, {"engine": {"temperature": 1.0}}, {"objective": {"batch": 2}},
-    {"env": {"sandbox": {"wall_s": 5.0}}},
+    {"env": {"sandbox": {"wall_s": 5.0}}}, {"es": {"noise": "lowrank"}},
 ])
 def test_what_shapes_the_weights_changes_the_hash(override, model_dir):
     base = {"model": {"path": model_dir}}
@@ -79,3 +79,14 @@ def test_vllm_serving_settings_stay_out_of_the_hash_and_old_runs_keep_theirs():
     assert h(temperature=0.3) != base  # rollouts differ
     # the embedded default's hash as runs started before engine=vllm recorded it: their resume still works
     assert config_hash(build_config({}), None) == "c999d5ed83fd066a"
+
+
+def test_the_noise_mode_and_its_rank_are_in_the_hash_only_where_they_act(model_dir):
+    def h(**es):
+        return config_hash(build_config({"model": {"path": model_dir}, "es": es}))
+
+    assert h(rank=4) == h()  # full-rank noise has no rank: runs from before es.noise keep their hash
+    assert len({h(), h(noise="lowrank"), h(noise="lowrank", rank=4)}) == 3
+    for bad, line in (({"noise": "sparse"}, "es.noise"), ({"rank": 0}, "es.rank"), ({"rank": 65}, "es.rank")):
+        with pytest.raises(ValueError, match=line):
+            build_config({"es": bad})

@@ -201,6 +201,10 @@ def test_the_real_model_profile_builds_and_scores_the_answer_line():
     section = cfg.env.sections["reasoning_gym"]
     assert section.answer_format == "lenient" and section.config["max_digits"] == 1
     assert (cfg.es.population, cfg.env.episodes_per_step, cfg.env.max_turns) == (8, 8, 1)
+    gcd = build_config(compose_config("+experiment=smollm2_gcd"), 1)  # the second dataset, the same ES settings
+    section = gcd.env.sections["reasoning_gym"]
+    assert section.dataset == "gcd" and section.config["max_value"] == 20 and section.answer_format == "lenient"
+    assert (gcd.es.population, gcd.es.sigma.start, gcd.es.alpha.start) == (8, cfg.es.sigma.start, cfg.es.alpha.start)
 
 
 def test_the_real_model_game_and_sudoku_profiles_build():

@@ -42,7 +42,8 @@ def _explain_args() -> None:
 
         with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
             composed = OmegaConf.to_container(compose("config"), resolve=True)
-        print(help_text(CONFIGS, composed={k: v for k, v in composed.items() if k != "hydra"}))
+        print(help_text(CONFIGS, os.environ.get("ESOPT_PROG", "python launch/train.py"),  # `esopt train`: its own name
+                        composed={k: v for k, v in composed.items() if k != "hydra"}))
         sys.exit(0)
     try:
         check_overrides(sys.argv[1:], CONFIGS)

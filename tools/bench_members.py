@@ -93,7 +93,8 @@ def child(mode: str, g: int, args) -> dict:
     if mode != "inference":
         weights = Perturber(build_shards(model), noise="full" if mode == "fullrank_seq" else "lowrank",
                             rank=args.rank, work_passes=3 * g)
-        weights.perturb(seeds[0], SIGMA, 1)  # the noise kernel compiled (if auto chose to) before the clock starts
+    if mode == "fullrank_seq":  # its noise kernel compiled (if auto chose to) before the clock starts
+        weights.perturb(seeds[0], SIGMA, 1)
         weights.restore()
     members = MemberLinears(model, weights) if mode == "lowrank_batch" else None
     engine = HFEngine(model, tok, members=members)

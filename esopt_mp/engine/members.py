@@ -12,7 +12,7 @@ column-parallel linear adds its rows of the output and a row-parallel one adds i
 (the term is linear in x). Tied weights (an lm_head sharing the embedding) find their shard by the tensor itself.
 
 Results equal the in-place perturbation up to float rounding (the two orders of the same sum), not bit for bit: a
-run evaluates its members one way or the other, never a mixture (``engine.member_batch``).
+run evaluates its members one way or the other, never a mixture (``es.member_batch``).
 """
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ class Perturber:
             for j, s in enumerate(self.shards):
                 if self.kinds[j] == "lowrank":
                     by_dev.setdefault(s.tensor.device, []).append(j)
-            self._banks = [(lowrank.FactorBank([self.shards[j].info for j in ks], self.rank, dev, self.backends[dev]),
+            self._banks = [(lowrank.FactorBank([self.shards[j].info for j in ks], self.rank, dev),
                             ks) for dev, ks in by_dev.items()]
         out = {}
         for bank, ks in self._banks:

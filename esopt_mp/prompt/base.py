@@ -171,3 +171,13 @@ class ContextStore:
         if context_hash(text) != h:
             raise ValueError(f"{path} does not hash to {h}: the context file was changed after the run wrote it")
         return text
+
+
+def __getattr__(name: str):
+    """The protocol's former name, kept for one release (``from esopt_mp.prompt.base import ContextOptimiser``)."""
+    if name == "ContextOptimiser":
+        import warnings
+        warnings.warn("esopt_mp.prompt.base.ContextOptimiser is now PromptOptimiser; the old name goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return PromptOptimiser
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -132,5 +132,8 @@ def test_former_names_still_import_with_a_notice():
         assert prompt.ContextOptimiser is prompt.PromptOptimiser
     with pytest.warns(DeprecationWarning, match="now PromptRun"):
         assert run.ContextRun is run.PromptRun
+    with pytest.warns(DeprecationWarning, match="now PromptOptimiser"):  # from the module that defined it
+        from esopt_mp.prompt.base import ContextOptimiser
+    assert ContextOptimiser is prompt.PromptOptimiser
     with pytest.raises(AttributeError):
         prompt.NoSuchThing  # noqa: B018

@@ -198,12 +198,9 @@ class ESTrainer:
         passes = perturbed and not exact_restore(es.restore, es.master)
         batched = perturbed and self.members is not None  # the group's members in one batch, the weights untouched
         if batched:
-            t1 = time.perf_counter()
             mine = dims.members(es.population)
-            self.members.set_members([seeds[m] for m in mine], [signs[m] for m in mine], sigma)
-            perturb_s += _since(t1)
-            local = self._evaluate_batch([Member(t, m, seeds[m], signs[m], m // 2 if es.mirrored else m)
-                                          for m in mine])
+            local, perturb_s = self._evaluate_batch([Member(t, m, seeds[m], signs[m], m // 2 if es.mirrored else m)
+                                                     for m in mine], sigma)
             self.members.rows = None
         queue = None if batched else MemberQueue(dims, es.population, self.cfg.parallel.schedule)
         done = -1  # the last member whose perturbation this rank applied (or passed over)
@@ -286,17 +283,21 @@ class ESTrainer:
             self.health.note_error(f"member {member.index}: {type(e).__name__}: {e}")
             return math.nan
 
-    def _evaluate_batch(self, members: list[Member]) -> dict[int, float]:
-        """The returns of ``members`` played in one batch (:meth:`_evaluate`'s rules: a failure is NaN for all)."""
+    def _evaluate_batch(self, members: list[Member], sigma: float) -> tuple[dict[int, float], float]:
+        """The returns of ``members`` played in one batch (:meth:`_evaluate`'s rules: a failure is NaN for all), and
+        the seconds their factors took."""
+        t0 = time.perf_counter()
         try:
-            return self.objective.evaluate_members(members, batched=True)
+            self.members.set_members([m.seed for m in members], [m.sign for m in members], sigma)
+            made = _since(t0)
+            return self.objective.evaluate_members(members, batched=True), made
         except StartupError:
             raise
         except Exception as e:
             log.exception("the batch of members %s of step %d failed; their returns count as NaN",
                           [m.index for m in members], members[0].step)
             self.health.note_error(f"members {[m.index for m in members]}: {type(e).__name__}: {e}")
-            return {m.index: math.nan for m in members}
+            return {m.index: math.nan for m in members}, 0.0
 
     def _episode_failures(self) -> tuple[dict | None, dict | None]:
         """The step's failed training episodes by kind and what was played again (episodes after an infrastructure

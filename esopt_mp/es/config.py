@@ -16,7 +16,7 @@ MASTER_MODES = ("none", "fp32_host")  # fp32_host: an fp32 master copy of low-pr
 NOISE_BACKENDS = ("auto", "eager", "compile", "triton")  # esopt_mp/es/backend.py
 SHAPINGS = ("zscore", "centered_rank", "raw")  # esopt_mp/es/shaping.py
 NOISE_MODES = ("full", "lowrank")  # full: every element its own eps; lowrank: A B^T / sqrt(r) per 2-D tensor
-MAX_RANK = 64  # es.rank: far above what batching members pays for; bounds the factors (2 (m + n) r per member)
+MAX_RANK = 64  # es.rank: far above what batching members pays for; bounds the factors ((m + n) r per member)
 DECAY_TARGETS = ("zero", "start")  # what es.weight_decay pulls the weights toward: 0, or the run's starting weights
 MIN_CHUNK_ELEMS = 1024
 
@@ -74,6 +74,9 @@ class ESConfig:
         check(1 <= self.rank <= MAX_RANK, f"{key}.rank", f"must be in 1..{MAX_RANK}, got {self.rank}")
         check(not self.member_batch or self.noise == "lowrank", f"{key}.member_batch",
               "members share one batch through their low-rank terms: needs es.noise=lowrank")
+        check(not self.member_batch or self.restore == "snapshot" or self.master == "fp32_host", f"{key}.member_batch",
+              "members in one batch never perturb the weights, while a subtract restore's replay re-applies every "
+              "member's perturb and restore: use es.restore=snapshot (the default)")
         check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"{key}.weight_decay",
               f"must be finite and >= 0, got {self.weight_decay}")
         check_choice(self.decay_to, DECAY_TARGETS, f"{key}.decay_to")

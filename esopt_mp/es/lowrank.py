@@ -7,7 +7,7 @@ shape (n, r), both under seed s. Every element of E has unit variance, like the 
 [o0, o0 + l0) and columns [o1, o1 + l1) of the matrix regenerates rows [o0, o0 + l0) of A and rows [o1, o1 + l1) of
 B: a column-parallel shard its rows of A and all of B, a row-parallel shard all of A and its rows of B.
 
-Why: a member is then 2 (m + n) r numbers per matrix instead of m n, so a whole population can be evaluated in one
+Why: a member is then (m + n) r numbers per matrix instead of m n, so a whole population can be evaluated in one
 batched forward (:mod:`esopt_mp.es.member_linear`) with the base weights shared, as EGGROLL does.
 
 Tensors of any other rank (norms, biases, 3-D convolution weights) are not perturbed in this mode, and not updated

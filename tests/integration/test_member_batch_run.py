@@ -80,6 +80,7 @@ def test_batched_members_resume_and_replay(tmp_path):
 
 @pytest.mark.parametrize("extra, line", [
     (["es.member_batch=true"], "es.noise=lowrank"),
+    (["es.noise=lowrank", "es.member_batch=true", "es.restore=subtract"], "es.restore=snapshot"),
     (["es.noise=lowrank", "es.member_batch=true", "objective=target_logprob", "model=tiny"], "objective=target_logprob"),
 ])
 def test_what_member_batch_needs_is_one_line(extra, line):

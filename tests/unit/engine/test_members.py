@@ -15,10 +15,15 @@ SIGNS = [1, -1, 1]
 SIGMA = 0.05  # large beside the tiny model's weights (~0.02): the members' logits differ by far more than rounding
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3", "qwen3_tied"])
 def model(request, tmp_path_factory):
-    path = build_tiny_qwen35(str(tmp_path_factory.mktemp(request.param) / "m"), seed=1, arch=request.param)
-    return load_model(path, ParallelDims(1, 1, 1), "float32")
+    """Two architectures; one with the lm_head tied to the embedding (one shard, two hooked modules), as SmolLM2."""
+    arch, tied = request.param.removesuffix("_tied"), request.param.endswith("_tied")
+    path = build_tiny_qwen35(str(tmp_path_factory.mktemp(request.param) / "m"), seed=1, arch=arch,
+                             tie_word_embeddings=tied)
+    model = load_model(path, ParallelDims(1, 1, 1), "float32")
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    return model
 
 
 def _logits(model, ids):
@@ -118,3 +123,19 @@ def test_the_engine_plays_each_conversation_as_its_member():
     assert alone(prompts[0]) != want[0] or alone(prompts[2]) != want[2]  # the members' replies are not the base's
     with pytest.raises(ValueError, match="es.member_batch"):
         alone(prompts[0], slot=0)
+
+
+def test_a_matrix_no_hook_can_play_is_refused():
+    """A low-rank matrix outside nn.Linear / nn.Embedding would be updated but never played: refused, named."""
+    class Raw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.proj)
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), Raw())
+    from esopt_mp.es import build_local_shards
+    with pytest.raises(ValueError, match="1 low-rank matrices.*1.proj"):
+        MemberLinears(net, Perturber(build_local_shards(net), noise="lowrank"))

@@ -33,7 +33,8 @@ def build_weights(cfg, dims, path: str, *, work_passes: float, cache_warm: bool)
     model = load_model(path, dims, cfg.model.dtype)
     weights = Perturber(build_shards(model, es.include, es.exclude), restore=es.restore, master=es.master,
                         chunk_elems=es.chunk_elems, noise_backend=es.noise_backend, work_passes=work_passes,
-                        cache_warm=cache_warm, decay_to=es.decay_to, noise=es.noise, rank=es.rank)  # theta0: the base weights, before any resume
+                        cache_warm=cache_warm, decay_to=es.decay_to,  # theta0: the base weights, before any resume
+                        noise=es.noise, rank=es.rank)
     return model, weights, None
 
 

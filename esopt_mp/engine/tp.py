@@ -89,8 +89,8 @@ class TPEngine:
     def new_conversation(self, cid: int, seed: int, join: bool = False, member: int = -1):
         """``join``: the conversation joins the batch the peers hold instead of starting the next one (a server
         opens conversations while the others go on); ``member``: its member slot (es.member_batch, tp = 1)."""
-        if member != -1 and self.chan.on:
-            raise NotImplementedError("members in one batch at tp > 1: the peers would not know each row's member")
+        if member != -1 and self.chan.on:  # the start-up check refuses es.member_batch at tp > 1 before this
+            raise ValueError("es.member_batch runs at parallel.tp=1: a tp peer would not know each row's member")
         conv = self.inner.new_conversation(cid, seed, member=member) if member != -1 else \
             self.inner.new_conversation(cid, seed)
         if self.chan.on:

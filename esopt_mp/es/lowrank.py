@@ -8,7 +8,7 @@ shape (n, r), both under seed s. Every element of E has unit variance, like the 
 B: a column-parallel shard its rows of A and all of B, a row-parallel shard all of A and its rows of B.
 
 Why: a member is then (m + n) r numbers per matrix instead of m n, so a whole population can be evaluated in one
-batched forward (:mod:`esopt_mp.es.member_linear`) with the base weights shared, as EGGROLL does.
+batched forward (:mod:`esopt_mp.engine.members`) with the base weights shared, as EGGROLL does.
 
 Tensors of any other rank (norms, biases, 3-D convolution weights) are not perturbed in this mode, and not updated
 except by the weight decay.
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
-from esopt_mp.es.noise import local_noise
+from esopt_mp.es.noise import Ranges, local_noise
 from esopt_mp.es.shard import ShardInfo
 
 A_SUFFIX, B_SUFFIX = "#lowrank.a", "#lowrank.b"
@@ -104,46 +104,19 @@ class FactorBank:
     """Every low-rank shard's (A, B) of one member from one kernel call, as :func:`factors` gives them.
 
     A shard's rows of a factor are one contiguous range of the factor's global row-major order (whole rows of
-    width r), so the bank lays each range's counters end to end with its own tensor id, as
-    :class:`~esopt_mp.es.noise.WholeTensors` does for whole tensors, and slices each range out of the normals: the
-    same values bit for bit, without a kernel call (and its Python) per factor per member, which on a model of many
-    small matrices costs more than the noise. Precomputed: the counters and tensor-id words, ~10 bytes per factor
-    element.
+    width r), so all of them are one :class:`~esopt_mp.es.noise.Ranges`: the same values bit for bit, without a
+    kernel call (and its Python) per factor per member, which on a model of many small matrices costs more than
+    the noise.
     """
 
     def __init__(self, infos: list[ShardInfo], rank: int, device, backend: str = "eager"):
-        from esopt_mp.es.philox import get_kernel
-
-        device = torch.device(device)
+        fs = [f for info in infos for f in factor_infos(info, rank)]  # A, B of each shard in turn
+        self.rows = [f.local_shape[0] for f in fs]
         self.rank = rank
-        qs, tids, counts = [], [], []
-        self.spans: list[tuple[int, int, int, int, int]] = []  # per shard: (A at, A rows, B at, B rows, r)
-        size = 0
-        for info in infos:
-            spans = []
-            for f in factor_infos(info, rank):
-                start, n = f.offset[0] * rank, f.local_shape[0] * rank  # the local rows, contiguous globally
-                q0, q1 = start // 4, (start + max(n, 1) - 1) // 4 + 1
-                qs.append(torch.arange(q0, q1, dtype=torch.int64))
-                tids.append(f.tid)
-                counts.append(q1 - q0)
-                spans += [size + start - 4 * q0, f.local_shape[0]]
-                size += 4 * (q1 - q0)
-            self.spans.append((*spans, rank))
-        self.q = torch.cat(qs).to(device)
-        reps = torch.tensor(counts)
-        tid = torch.tensor([[t & 0xFFFFFFFF, t >> 32] for t in tids], dtype=torch.int64)
-        self.words = torch.empty(4, int(reps.sum()), dtype=torch.int64, device=device)
-        self.words[2] = tid[:, 0].repeat_interleave(reps).to(device)
-        self.words[3] = tid[:, 1].repeat_interleave(reps).to(device)
-        self.kernel = get_kernel("compile" if backend == "compile" else "eager")
+        self.ranges = Ranges([(f.tid, f.offset[0] * rank, f.local_shape[0] * rank) for f in fs], device,
+                             "compile" if backend == "compile" else "eager")
 
     def factors(self, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """[(A, B)] of member ``seed``, one per shard given, views of one float32 buffer."""
-        from esopt_mp.es.philox import key_words
-
-        key = key_words(seed, 0, self.words.device)
-        self.words[0].fill_(key[0])
-        self.words[1].fill_(key[1])
-        z = self.kernel(self.q, self.words).view(-1)
-        return [(z[a : a + ra * r].view(ra, r), z[b : b + rb * r].view(rb, r)) for a, ra, b, rb, r in self.spans]
+        m = [z.view(n, self.rank) for (_, z), n in zip(self.ranges.views(self.ranges.normals(seed)), self.rows)]
+        return list(zip(m[0::2], m[1::2]))

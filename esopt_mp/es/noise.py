@@ -114,44 +114,62 @@ def gaussian(seed: int, name: str, index: torch.Tensor, *, backend: str = "eager
     return z.gather(1, (flat % 4)[:, None]).view(index.shape)
 
 
-class WholeTensors:
-    """The noise of several small whole tensors from one kernel call per seed.
+class Ranges:
+    """The noise at contiguous ranges of several tensors' row-major indices, from one kernel call per seed.
 
-    A model's norms, biases and small projections are many tensors of a few thousand elements; generating each
-    one's noise apart costs a kernel call (and its Python) per tensor per member, which at the size of a small agent
-    costs more than the noise itself. Here their counters are laid end to end, each with its own tensor id, so one
-    call covers them all; every element gets exactly the value :func:`stream` gives it (the same function of seed,
-    tensor id and counter). Precomputed per layout: the counters and the tensor-id words, ~10 bytes per element.
+    Each range ``(tid, start, count)`` takes the counters its elements need (``start // 4`` onward), laid end to
+    end with its own tensor id, so one call covers them all and every element gets exactly the value
+    :func:`stream` gives it (the same function of seed, tensor id and counter). Precomputed: the counters and the
+    tensor-id words, ~10 bytes per element.
     """
 
-    def __init__(self, infos: list[ShardInfo], device, backend: str):
-        if not infos or any(not i.is_full for i in infos):
-            raise ValueError("WholeTensors takes whole (unsliced) tensors")
+    def __init__(self, ranges: list[tuple[int, int, int]], device, backend: str):
         device = torch.device(device)
-        counts = [(i.numel + 3) // 4 for i in infos]
-        n = sum(counts)
-        self.numels = [i.numel for i in infos]
-        self.offsets = [4 * sum(counts[:k]) for k in range(len(counts))]  # of each tensor in the normals
-        self.size = 4 * n  # of the normals (each tensor padded to whole counters)
-        self.q = torch.cat([torch.arange(c, dtype=torch.int64) for c in counts]).to(device)
-        tid = torch.tensor([[i.tid & 0xFFFFFFFF, i.tid >> 32] for i in infos], dtype=torch.int64)
+        qs, tids, counts = [], [], []
+        self.offsets, self.counts = [], []  # of each range's first element in the normals, its length
+        size = 0
+        for tid, start, count in ranges:
+            q0, q1 = start // 4, (start + max(count, 1) - 1) // 4 + 1
+            qs.append(torch.arange(q0, q1, dtype=torch.int64))
+            tids.append(tid)
+            counts.append(q1 - q0)
+            self.offsets.append(size + start - 4 * q0)
+            self.counts.append(count)
+            size += 4 * (q1 - q0)
+        self.size = size  # of the normals (each range padded to whole counters)
+        self.q = torch.cat(qs).to(device)
+        tid = torch.tensor([[t & 0xFFFFFFFF, t >> 32] for t in tids], dtype=torch.int64)
         reps = torch.tensor(counts)
-        self.words = torch.empty(4, n, dtype=torch.int64, device=device)
+        self.words = torch.empty(4, int(reps.sum()), dtype=torch.int64, device=device)
         self.words[2] = tid[:, 0].repeat_interleave(reps).to(device)
         self.words[3] = tid[:, 1].repeat_interleave(reps).to(device)
         self.kernel = get_kernel(backend)
 
     def normals(self, seed: int) -> torch.Tensor:
-        """Flat float32 normals; tensor k's eps is ``[offsets[k] : offsets[k] + numels[k]]`` of it."""
+        """Flat float32 normals; range k's are ``[offsets[k] : offsets[k] + counts[k]]`` of it."""
         key = key_words(seed, 0, self.words.device)
         self.words[0].fill_(key[0])
         self.words[1].fill_(key[1])
         return self.kernel(self.q, self.words).view(-1)
 
     def views(self, z: torch.Tensor):
-        """(index among the tensors, that tensor's flat slice of ``z``)."""
-        for k, (o, n) in enumerate(zip(self.offsets, self.numels)):
+        """(index among the ranges, that range's flat slice of ``z``)."""
+        for k, (o, n) in enumerate(zip(self.offsets, self.counts)):
             yield k, z[o : o + n]
+
+
+class WholeTensors(Ranges):
+    """The noise of several small whole tensors from one kernel call per seed.
+
+    A model's norms, biases and small projections are many tensors of a few thousand elements; generating each
+    one's noise apart costs a kernel call (and its Python) per tensor per member, which at the size of a small agent
+    costs more than the noise itself: each tensor is one range (:class:`Ranges`).
+    """
+
+    def __init__(self, infos: list[ShardInfo], device, backend: str):
+        if not infos or any(not i.is_full for i in infos):
+            raise ValueError("WholeTensors takes whole (unsliced) tensors")
+        super().__init__([(i.tid, 0, i.numel) for i in infos], device, backend)
 
 
 def group_whole_tensors(shards, eligible: list[bool], backends: dict, block: int) -> list[tuple[WholeTensors, list[int]]]:

@@ -38,7 +38,7 @@ from esopt_mp.es.config import DECAY_TARGETS, MASTER_MODES, MAX_RANK, NOISE_MODE
 from esopt_mp.es.hostmem import HostCopies
 from esopt_mp.es.noise import group_whole_tensors, stream
 from esopt_mp.es.shard import LocalShard
-from esopt_mp.typed import check_choice
+from esopt_mp.typed import check, check_choice
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the Triton kernels' fp32 math; not fp64
 
@@ -79,8 +79,7 @@ class Perturber:
     ):
         check_choice(restore, RESTORE_MODES, "es.restore")
         check_choice(noise, NOISE_MODES, "es.noise")
-        if not isinstance(rank, int) or not 1 <= rank <= MAX_RANK:
-            raise ValueError(f"es.rank must be an int in 1..{MAX_RANK}, got {rank!r}")
+        check(isinstance(rank, int) and 1 <= rank <= MAX_RANK, "es.rank", f"must be in 1..{MAX_RANK}, got {rank!r}")
         check_choice(master, MASTER_MODES, "es.master")
         check_choice(decay_to, DECAY_TARGETS, "es.decay_to")
         if chunk_elems < 1:

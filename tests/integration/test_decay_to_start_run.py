@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from esopt_mp.models import full_state_dict
-from tests.fixtures.inprocess import build_trainer, ledger_entries, same_weights, weights
+from tests.fixtures.inprocess import build_trainer, cut_and_resume, ledger_entries, same_weights, weights
 
 STEPS = 4
 # alpha 0.005 x wd 20: a pull of 10% of (theta - theta0) per step, far above the step itself
@@ -47,26 +47,14 @@ def test_resume_from_a_mid_run_checkpoint_and_replay_equal_the_uninterrupted_run
     assert not same_weights(want, base)
     assert all(e["decay_to"] == "start" and e["weight_decay"] == 20.0 for e in ledger_entries(ref_dir))
 
-    t = _trainer(cut_dir, extra)  # 3 steps, a checkpoint after step 2, then gone (as killed after step 3's entry)
-    try:
-        for step in range(3):
-            t.step(step)
-            if step == 1:
-                t.save(2)
-                t.wait()
-    finally:
-        t.close()
-    t = _trainer(cut_dir, extra)  # resume: the checkpoint of step 2 + step 2 replayed from the ledger
-    try:
-        assert (t.restored_from, t.start_step) == (2, 3)
-        p = t.perturber  # theta0 is the base model, not the checkpoint just loaded
+    def theta0_is_the_base(t):  # theta0 is the base model, not the checkpoint just loaded
+        p = t.perturber
         assert all(torch.equal(t0, base[s.info.name]) for s, t0 in zip(p.shards, p.start_host.tensors))
         assert not all(torch.equal(s.tensor, base[s.info.name]) for s in p.shards)
-        for step in range(t.start_step, STEPS):
-            t.step(step)
-        got = weights(t)
-    finally:
-        t.close()
+
+    # 3 steps, a checkpoint after step 2, then gone (as killed after step 3's entry); the resume loads the
+    # checkpoint of step 2 and replays step 2 from the ledger
+    got = cut_and_resume(lambda d: _trainer(d, extra), cut_dir, 3, 2, STEPS, theta0_is_the_base)
     assert ledger_entries(cut_dir) == ledger_entries(ref_dir)  # returns included: they depend on the weights
     assert same_weights(got, want)
 

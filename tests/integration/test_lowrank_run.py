@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures.inprocess import build_trainer, ledger_entries, same_weights, weights
+from tests.fixtures.inprocess import build_trainer, cut_and_resume, ledger_entries, same_weights, weights
 
 STEPS = 4
 ARGS = ["model=tiny", "objective=target_logprob", "objective.batch=2", "es.population=4", f"es.steps={STEPS}",
@@ -40,23 +40,8 @@ def test_resume_and_replay_equal_the_uninterrupted_run(tmp_path):
     fields = json.load(open(ref_dir / "config.json"))["identity"]
     assert (fields["es.noise"], fields["es.rank"]) == ("lowrank", 2)
 
-    t = build_trainer(cut_dir, *ARGS)  # 3 steps, a checkpoint after step 2, then gone (as killed after step 3's entry)
-    try:
-        for step in range(3):
-            t.step(step)
-            if step == 1:
-                t.save(2)
-                t.wait()
-    finally:
-        t.close()
-    t = build_trainer(cut_dir, *ARGS)
-    try:
-        assert (t.restored_from, t.start_step) == (2, 3)
-        for step in range(t.start_step, STEPS):
-            t.step(step)
-        got = weights(t)
-    finally:
-        t.close()
+    # 3 steps, a checkpoint after step 2, then gone (as killed after step 3's entry); resumed to the end
+    got = cut_and_resume(lambda d: build_trainer(d, *ARGS), cut_dir, 3, 2, STEPS)
     assert ledger_entries(cut_dir) == ledger_entries(ref_dir)  # returns included: they depend on the weights
     assert same_weights(got, want)
 

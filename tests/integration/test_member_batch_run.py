@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures.inprocess import build_trainer, ledger_entries, same_weights, weights
+from tests.fixtures.inprocess import build_trainer, cut_and_resume, ledger_entries, same_weights, weights
 
 STEPS = 3
 # one blank and sigma 0.05: the members' returns differ within 2 episodes each (equal returns would update nothing)
@@ -53,23 +53,8 @@ def test_batched_members_resume_and_replay(tmp_path):
         mine = sorted(r["member"] for r in played if r.get("step") == step and r.get("kind") == "train")
         assert mine == [0, 0, 1, 1, 2, 2, 3, 3], (step, mine)
 
-    t = build_trainer(cut_dir, *ARGS)  # 2 steps, a checkpoint after step 1, then gone (as killed after step 2's entry)
-    try:
-        for step in range(2):
-            t.step(step)
-            if step == 0:
-                t.save(1)
-                t.wait()
-    finally:
-        t.close()
-    t = build_trainer(cut_dir, *ARGS)
-    try:
-        assert (t.restored_from, t.start_step) == (1, 2)
-        for step in range(t.start_step, STEPS):
-            t.step(step)
-        got = weights(t)
-    finally:
-        t.close()
+    # 2 steps, a checkpoint after step 1, then gone (as killed after step 2's entry); resumed to the end
+    got = cut_and_resume(lambda d: build_trainer(d, *ARGS), cut_dir, 2, 1, STEPS)
     assert ledger_entries(cut_dir) == entries  # the batched returns are a function of the weights and the seeds
     assert same_weights(got, want)
     out = tmp_path / "replayed"

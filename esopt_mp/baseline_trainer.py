@@ -25,7 +25,7 @@ import torch
 from esopt_mp.agent.episodes import step_task_indices
 from esopt_mp.agent.loop import build_agent_config
 from esopt_mp.baselines import build_baseline, build_token_batch
-from esopt_mp.build import build_engine, build_tokenizer
+from esopt_mp.build import build_engine, build_player, build_tokenizer
 from esopt_mp.checkpoint import CheckpointError
 from esopt_mp.resume import agree_on_failure
 from esopt_mp.config import TrainConfig
@@ -36,8 +36,7 @@ from esopt_mp.identity import config_identity
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
-from esopt_mp.runfiles import open_run_file, run_subdir
-from esopt_mp.runfiles import trajectories_file, write_config
+from esopt_mp.runfiles import open_run_file, run_subdir, write_config
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,6 @@ def rollout_sampling(engine_cfg, algo_cfg) -> SamplingParams:
 
 class BaselineTrainer:
     def __init__(self, cfg: TrainConfig, dims: ParallelDims):
-        from esopt_mp.agent.episodes import EpisodePlayer
         from esopt_mp.agent.held_out import HeldOut
 
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
@@ -70,9 +68,7 @@ class BaselineTrainer:
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = build_tokenizer(path)
-        traj = trajectories_file(cfg, dims.rank)
-        engine = build_engine(cfg, self.model, self.tokenizer)
-        self.player = EpisodePlayer(cfg.env, cfg.engine, self.seed, engine, dims, traj)
+        self.player = build_player(cfg, dims, build_engine(cfg, self.model, self.tokenizer))
         self.held_out = HeldOut(self.player)
         self.rollout_cfg = build_agent_config(cfg.env, rollout_sampling(cfg.engine, cfg.algo))
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)

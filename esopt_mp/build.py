@@ -98,14 +98,12 @@ def _build_agent(cfg, dims, path, *, model, engine, tokenizer, members=None) -> 
     on the player (skill hooks, the seed program's fitness); the objective on both."""
     import logging
 
-    from esopt_mp.agent.episodes import AgentObjective, EpisodePlayer
-    from esopt_mp.runfiles import trajectories_file
+    from esopt_mp.agent.episodes import AgentObjective
 
     tokenizer = build_tokenizer(path, tokenizer)
     engine = engine or build_engine(cfg, model, tokenizer, members)
     search = cfg.prompt.optimiser not in ("none", "skill")  # program search: fitness compared across programs
-    player = EpisodePlayer(cfg.env, cfg.engine, cfg.run.seed, engine, dims, trajectories_file(cfg, dims.rank),
-                           fixed_task=search)
+    player = build_player(cfg, dims, engine, fixed_task=search)
     context = None
     if cfg.prompt.optimiser != "none":
         from esopt_mp.prompt.run import PromptRun
@@ -123,6 +121,16 @@ def _build_agent(cfg, dims, path, *, model, engine, tokenizer, members=None) -> 
                                              fit)
         context = PromptRun(cfg.prompt, ref, cfg.run.dir, dims.rank, hooks, seed_fitness=fit, seed_thought=thought)
     return Built(AgentObjective(player, context), player.engine, context, tokenizer)
+
+
+def build_player(cfg, dims, engine, *, fixed_task: bool = False):
+    """The episode player of ``cfg.env`` on ``engine``, writing this rank's trajectories: the ES agent objective's
+    and the GRPO/PPO trainer's (``fixed_task``: every member plays the same tasks, for a program search)."""
+    from esopt_mp.agent.episodes import EpisodePlayer
+    from esopt_mp.runfiles import trajectories_file
+
+    return EpisodePlayer(cfg.env, cfg.engine, cfg.run.seed, engine, dims, trajectories_file(cfg, dims.rank),
+                         fixed_task=fixed_task)
 
 
 def _build_harness(cfg, dims, path, *, model, engine, tokenizer) -> Built:
@@ -177,7 +185,8 @@ def _harness_check(cfg) -> list[str]:
     return [f"harness: {cfg.objective.command}"]
 
 
-# objective.name -> its kind; config.EPISODIC names the kinds with tasks (checked equal by the tests)
+# objective.name -> its kind (objectives.OBJECTIVES names them; the kinds with tasks are objectives.EPISODIC, checked
+# equal by the tests)
 OBJECTIVE_KINDS = {
     "agent": ObjectiveKind(_build_agent, _agent_tasks, _agent_check),
     "harness": ObjectiveKind(_build_harness, _harness_tasks, _harness_check),

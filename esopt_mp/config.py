@@ -85,9 +85,6 @@ def open_sections(overrides: list[str]) -> list[str]:
     return out
 
 
-EPISODIC = ("agent", "harness")  # the objectives that play episodes (ObjectiveConfig.episodic)
-
-
 @dataclasses.dataclass
 class ObjectiveConfig:
     name: str = "target_logprob"
@@ -110,6 +107,8 @@ class ObjectiveConfig:
     def episodic(self) -> bool:
         """Whether members are scored by played episodes (``agent``: the in-process loop; ``harness``: the user's
         program against the member's endpoint), not by a function of the weights: the one place that says so."""
+        from esopt_mp.objectives import EPISODIC
+
         return self.name in EPISODIC
 
     def validate(self, key: str = "objective") -> None:

@@ -11,7 +11,8 @@ import json
 import os
 import struct
 
-_BLOCK = 1 << 20
+from esopt_mp.core.files import file_sha256
+
 # small files that decide how the model is built and how text becomes tokens
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                "special_tokens_map.json", "vocab.json", "merges.txt")
@@ -19,15 +20,6 @@ SAMPLES = 16  # 64 KiB blocks read per safetensors file, spread over its data
 # objective.* fields of objective.name=harness (popped from the identity of every other objective)
 HARNESS_FIELDS = ("callable", "command", "concurrency", "tasks", "eval_tasks", "timeout_s", "failure_return", "env",
                   "openai_env")
-
-
-def file_sha256(path: str, block: int = _BLOCK) -> str:
-    """SHA-256 of a file's bytes, streamed (constant memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def safetensors_fingerprint(path: str, samples: int = SAMPLES, block: int = 1 << 16) -> str:

@@ -101,11 +101,8 @@ class TargetLogProb(_Episodeless):
         return self.score(self.model, self.eval_ids), {}
 
 
-# "agent" episodes need the tokenizer and engine: the trainer builds esopt_mp.agent.episodes.AgentObjective;
-# "harness" also an endpoint server: esopt_mp.agent.harness.HarnessObjective
+# Every objective.name, once: the class of a function of the weights, or None for the objectives that play
+# episodes, which esopt_mp.build makes on an engine ("agent": esopt_mp.agent.episodes.AgentObjective; "harness",
+# with an endpoint server: esopt_mp.agent.harness.HarnessObjective)
 OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None, "harness": None}
-
-
-def build_objective(cfg, model) -> Objective:
-    """The ``objective`` section's objective on ``model`` (the trainer's, perturbed in place by each member)."""
-    return OBJECTIVES[cfg.name](cfg, model)
+EPISODIC = tuple(name for name, cls in OBJECTIVES.items() if cls is None)  # ObjectiveConfig.episodic

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from esopt_mp.metrics import plot_run, summary_screen
 from esopt_mp.progress import StepProgress
-from esopt_mp.runfiles import trajectories_file, write_config  # noqa: F401 - their former home
 
 if TYPE_CHECKING:
     from esopt_mp.config import TrainConfig
@@ -25,6 +24,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+MOVED = {"trajectories_file": "esopt_mp.runfiles", "write_config": "esopt_mp.runfiles"}  # kept one release
+
+
+def __getattr__(name: str):
+    """A name's former home (PEP 562): the name, with a one-line notice of where it lives now."""
+    if name not in MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"esopt_mp.runner.{name} is now {MOVED[name]}.{name}: import it from there (the old name goes in "
+                  f"the next release)", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(MOVED[name]), name)
 
 
 class Trainer(Protocol):

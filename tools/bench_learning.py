@@ -71,6 +71,12 @@ TASKS["gcd"] = {
     "model": SMOLLM2, "overrides": ["+experiment=smollm2_gcd", *_REAL], "episodes": 512,
     "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
 }
+TASKS["letters"] = {
+    "about": "reasoning-gym letter_counting (how many times a letter appears in a text of 5 to 15 words), single "
+             "turn, a final 'Answer: X' line or the last number read, SmolLM2-135M-Instruct",
+    "model": SMOLLM2, "overrides": ["+experiment=smollm2_letters", *_REAL], "episodes": 512,
+    "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
+}
 TASKS["sudoku4"] = {
     "about": "4x4 Sudoku with two blanks, each empty cell's candidates listed (with two blanks that list is the "
              "answer: the task is reading it and writing the move), one 'set <row> <col> <value>' a turn, 4 turns, "

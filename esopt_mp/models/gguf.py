@@ -29,6 +29,8 @@ import logging
 import os
 import shutil
 
+from esopt_mp.core.files import file_sha256
+
 log = logging.getLogger(__name__)
 
 PREFIX = "pypi:"
@@ -177,14 +179,6 @@ def cache_root() -> str:
         return os.environ["ESOPT_MODEL_CACHE"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "esopt_mp", "models")
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _stem(file: str) -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from esopt_mp.agent.parsers import AnyParser, HermesJSONParser, QwenXMLParser, build_parser
+from esopt_mp.chat.toolcalls import AnyParser, HermesJSONParser, QwenXMLParser, build_parser
 from esopt_mp.envs import make
 from esopt_mp.envs.sandbox import Sandbox, SandboxLimits
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from esopt_mp.build import OBJECTIVE_KINDS, build_objective
-from esopt_mp.config import EPISODIC, build_config
+from esopt_mp.config import build_config
+from esopt_mp.objectives import EPISODIC
 from esopt_mp.es import Perturber, WeightOps, build_local_shards
 from esopt_mp.es.weight_ops import OPS
 

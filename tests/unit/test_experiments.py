@@ -205,6 +205,10 @@ def test_the_real_model_profile_builds_and_scores_the_answer_line():
     section = gcd.env.sections["reasoning_gym"]
     assert section.dataset == "gcd" and section.config["max_value"] == 20 and section.answer_format == "lenient"
     assert (gcd.es.population, gcd.es.sigma.start, gcd.es.alpha.start) == (8, cfg.es.sigma.start, cfg.es.alpha.start)
+    letters = build_config(compose_config("+experiment=smollm2_letters"), 1)  # the third: the library's default sizes
+    section = letters.env.sections["reasoning_gym"]
+    assert section.dataset == "letter_counting" and not section.config and section.answer_format == "lenient"
+    assert (letters.es.population, letters.es.sigma.start) == (8, cfg.es.sigma.start)
 
 
 def test_the_real_model_game_and_sudoku_profiles_build():

@@ -238,25 +238,28 @@ def test_envs_import_no_layer_above():
     assert not bad, "esopt_mp.envs must not depend on the layers above it:\n" + "\n".join(bad)
 
 
-# The package layers, bottom to top (docs/design.md, "Dependency rules"). A package may import its own layer and the layers
-# below it, never one above, and the package graph has no cycle. A new package or top-level module must be placed.
-LAYERS = (
-    ("core", "typed", "lazy"),  # shared words: errors, failure kinds, config typing
-    ("chat", "data", "runfiles", "progress"),  # the chat format and tool calls; shipped data; run-dir files
-    ("es", "parallel"),  # ES numerics; topology and collectives
-    ("models",),
-    ("ledger", "identity", "dcp_boxes", "checkpoint", "checkpoint_export", "resume", "metrics",
-     "trackers"),  # run state and records
-    ("envs", "prompt"),  # environments see text and return rewards; prompt optimisers
-    ("engine",),
-    ("endpoint",),
-    ("agent",),
-    ("baselines", "objectives"),
-    ("config",),
-    ("build",),  # one builder: trainers, weights (hf or vLLM), engines, objectives
-    ("trainer", "baseline_trainer"),  # the ES trainer; the GRPO/PPO trainer
-    ("runner", "startup", "cli", "commands", "replay", "profiling", "drift", PKG),  # launch and tools support
-)
+# The package layers, bottom to top, read from the one table that states them (docs/design.md, "Dependency
+# rules"). A package may import its own layer and the layers below it, never one above, and the package graph has
+# no cycle. A new package or top-level module must be placed there.
+DESIGN = ROOT.parent / "docs" / "design.md"
+
+
+def read_layers(text: str) -> tuple[tuple[str, ...], ...]:
+    """The rows of the ``| layer | packages and top-level modules |`` table, in order: the backquoted names of each
+    (``the package root`` is the root module)."""
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| layer | packages"))
+    layers = []
+    for line in lines[head + 2:]:
+        if not line.startswith("|"):
+            break
+        cell = line.split("|")[2]
+        names = [n for n in cell.split("`")[1::2]] + ([PKG] if "the package root" in cell else [])
+        layers.append(tuple(names))
+    return tuple(layers)
+
+
+LAYERS = read_layers(DESIGN.read_text())
 
 
 def package_of(module: str) -> str:
@@ -306,7 +309,7 @@ def test_layer_rule_catches_a_planted_upward_import_a_cycle_and_an_unplaced_pack
 def test_packages_keep_their_layers():
     found = sorted(layer_violations(import_graph()))
     assert not found, ("imports against the package layers (a package imports only its own layer and those below; "
-                       "no package cycle; a new package is placed in LAYERS):\n" + "\n".join(found))
+                       "no package cycle; a new package is placed in docs/design.md's layer table):\n" + "\n".join(found))
 
 
 MAX_LINES = 400  # a file a newcomer reads in one sitting; a longer one is split by concern

@@ -55,7 +55,7 @@ def test_a_torn_line_in_metrics_never_fails_the_plot(tmp_path):
 
 
 def test_a_resumed_run_cuts_the_torn_tail_of_trajectories(tmp_path):
-    from esopt_mp.runner import trajectories_file
+    from esopt_mp.runfiles import trajectories_file
 
     cfg = build_config({"run": {"dir": str(tmp_path)}}, 1)
     path = tmp_path / "trajectories.jsonl"
@@ -123,7 +123,7 @@ def test_trajectories_through_a_link_are_refused(tmp_path):
 
 
 def test_config_json_and_the_plot_replace_a_link_instead_of_writing_through_it(tmp_path):
-    from esopt_mp.runner import write_config
+    from esopt_mp.runfiles import write_config
 
     run, target = _outside(tmp_path)
     os.symlink(target, run / "config.json")
@@ -232,3 +232,13 @@ def test_a_fifo_or_folder_where_a_run_file_goes_is_refused_not_waited_on(tmp_pat
                 open_run_file(str(path), mode)
     with pytest.raises(RunFileError, match="is not a regular file"):
         repair_jsonl(str(fifo))
+
+
+def test_the_run_files_former_home_names_them_with_a_notice():
+    import esopt_mp.runfiles as runfiles
+    import esopt_mp.runner as runner
+
+    with pytest.warns(DeprecationWarning, match=r"^esopt_mp.runner.write_config is now esopt_mp.runfiles.write_config"):
+        assert runner.write_config is runfiles.write_config
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        runner.nope

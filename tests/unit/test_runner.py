@@ -10,7 +10,8 @@ import pytest
 from esopt_mp.config import RunConfig, TrainConfig, build_config
 from esopt_mp.identity import config_hash, config_identity
 from esopt_mp.metrics import MetricsWriter, summary_screen
-from esopt_mp.runner import Stop, run, write_config
+from esopt_mp.runfiles import write_config
+from esopt_mp.runner import Stop, run
 
 COMM_BYTES = 600
 

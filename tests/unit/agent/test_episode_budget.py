@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from esopt_mp.agent.chat import opening_text
+from esopt_mp.chat.format import opening_text
 from esopt_mp.agent.loop import AgentConfig, run_episodes, write_trajectories
 from esopt_mp.config import ConfigError, build_config
 from esopt_mp.engine.hf import HFEngine

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from esopt_mp.agent.chat import delta_text, opening_text
+from esopt_mp.chat.format import delta_text, opening_text
 from esopt_mp.endpoint.render import (call_text, continuation_text, parse_reply, prompt_text, system_with_tools,
                                       tools_block)
 from esopt_mp.endpoint.sessions import Sessions, normalise

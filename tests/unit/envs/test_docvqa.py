@@ -148,7 +148,7 @@ def test_envs_never_import_agent_models_engine_or_parallel():
                 bad += [(f, m) for m in mods if m.split(".")[:2] in (["esopt_mp", "agent"], ["esopt_mp", "models"],
                                                                      ["esopt_mp", "engine"], ["esopt_mp", "parallel"])]
     assert not bad
-    from esopt_mp.agent.parsers import build_parser
+    from esopt_mp.chat.toolcalls import build_parser
     from esopt_mp.envs.toolcalls import build_parser as envs_build_parser
 
     assert build_parser is envs_build_parser

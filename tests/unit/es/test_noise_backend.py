@@ -78,8 +78,14 @@ def test_small_whole_tensors_get_their_noise_in_one_call_and_the_same_bits():
 
 
 def test_the_shard_descriptions_former_path_is_the_same_class():
-    """``esopt_mp.parallel.shard`` (its former home) goes on naming the same classes."""
+    """``esopt_mp.parallel.shard`` (its former home) goes on naming the same classes, with a one-line notice."""
+    import importlib
+    import sys
+
     from esopt_mp.es import shard
-    from esopt_mp.parallel import shard as old
+
+    sys.modules.pop("esopt_mp.parallel.shard", None)
+    with pytest.warns(DeprecationWarning, match=r"^esopt_mp.parallel.shard is now esopt_mp.es.shard"):
+        old = importlib.import_module("esopt_mp.parallel.shard")
 
     assert old.ShardInfo is shard.ShardInfo and old.LocalShard is shard.LocalShard

@@ -12,14 +12,15 @@ from tests.distributed.workers import _cfg
 
 
 def segment_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_dir: str, out_path: str,
-                   steps: int, stop_at: int, dims=None) -> None:
-    """Resume ``run_dir`` at layout dp x tp, run the seed_hash objective up to ``stop_at``, checkpoint, report.
+                   steps: int, stop_at: int, dims=None, es: dict | None = None) -> None:
+    """Resume ``run_dir`` at layout dp x tp, run the seed_hash objective up to ``stop_at``, checkpoint, report
+    (``es``: settings over the test's, the noise mode say).
 
     A segment of two or more steps also saves asynchronously after its first
     step, so that write overlaps the next step's collectives (the trainer's way).
     """
     dims = dims or init_distributed(discover(), dp, tp)
-    trainer = ESTrainer(_cfg(dp, tp, model_path, run_dir, "seed_hash", steps, population=4), dims)
+    trainer = ESTrainer(_cfg(dp, tp, model_path, run_dir, "seed_hash", steps, population=4, **(es or {})), dims)
     trainer.ckpt.keep = 1
     start, restored = trainer.start_step, trainer.restored_from
     for t in range(start, stop_at):

@@ -163,8 +163,9 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
     return dims
 
 
-def close_distributed(drain: bool = False) -> None:
-    """Tear the process group down; ``drain``: first meet every rank at a barrier.
+def close_distributed(drain: bool = False, drained=None) -> None:
+    """Tear the process group down; ``drain``: first meet every rank at a barrier, then call ``drained()`` (every
+    rank got there: whatever follows is teardown).
 
     Ranks that all succeeded drain so none closes its connections while a peer is still finishing the last
     collective (gloo aborts in its destructor then). A failed rank must not drain: its peers may never come.
@@ -172,4 +173,6 @@ def close_distributed(drain: bool = False) -> None:
     if dist.is_initialized():
         if drain:
             dist.barrier()
+            if drained is not None:
+                drained()
         dist.destroy_process_group()

@@ -23,8 +23,6 @@ def _entry(rank: int, world: int, port: int, fn, args, errors):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import torch.distributed as dist
-
     from esopt_mp.parallel import close_distributed
 
     ok = False
@@ -35,10 +33,7 @@ def _entry(rank: int, world: int, port: int, fn, args, errors):
         errors.put((rank, traceback.format_exc()))
         raise
     finally:
-        if ok and dist.is_initialized():
-            dist.barrier()  # a failed rank must not drain: its peers may never come
-            errors.put((rank, None))  # past the barrier: every rank's fn returned
-        close_distributed()
+        close_distributed(drain=ok, drained=lambda: errors.put((rank, None)))  # None: every rank's fn returned
 
 
 def run_world(world: int, fn, *args, timeout: float = 600.0) -> None:
@@ -65,7 +60,10 @@ def run_world(world: int, fn, *args, timeout: float = 600.0) -> None:
         msgs, drained = [], []
         while not errors.empty():
             rank, tb = errors.get()
-            (drained.append(rank) if tb is None else msgs.append("rank %d:\n%s" % (rank, tb)))
+            if tb is None:
+                drained.append(rank)
+            else:
+                msgs.append("rank %d:\n%s" % (rank, tb))
         if drained and not msgs and isinstance(exc, mp.ProcessExitedException) and exc.signal_name:
             warnings.warn(f"rank {exc.error_index} died by {exc.signal_name} in its teardown, after every rank's "
                           f"work returned", RuntimeWarning, stacklevel=2)

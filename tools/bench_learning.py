@@ -1,11 +1,11 @@
 """Does training make the agent better, and how does ES compare with GRPO and PPO at the same budget?
 
 Runs each method (``es``, ``grpo``, ``ppo``, ``es-anchored``: ES whose weight decay pulls toward the starting
-weights, ``es.decay_to=start``, and ``es-lowrank``: ES with rank-1 noise per matrix and each step's members played
-in one batch, ``es.noise=lowrank es.member_batch=true``) on one (model, task) pair for several seeds, every run given the same
-number of played training episodes, and writes one JSON report and one plot: held-out success over episodes with
-the seeds' spread, each run's wall time and peak memory, and its drift (the change in log-likelihood of a fixed
-off-task text set from the starting weights, and the update's norm).
+weights, ``es.decay_to=start``, and ``es-lowrank``: ES with rank-1 noise per matrix and each step's members
+played in one batch, ``es.noise=lowrank es.member_batch=true``) on one (model, task) pair for several seeds, every
+run given the same number of played training episodes, and writes one JSON report and one plot: held-out success
+over episodes with the seeds' spread, each run's wall time and peak memory, and its drift (the change in
+log-likelihood of a fixed off-task text set from the starting weights, and the update's norm).
 
     python tools/bench_learning.py                                  # ES on the embedded default, 3 seeds
     python tools/bench_learning.py --task arith --methods es grpo ppo --episodes 512 --jobs 2 --out bench/arith
@@ -55,6 +55,14 @@ TASKS = {
         "anchor": ["es.decay_to=start", "es.weight_decay=50"],  # es-anchored: es's settings plus these
     },
 }
+
+
+def _like_arith(profile: str, about: str) -> dict:
+    """A real-model task run with arithmetic's method settings on its own profile."""
+    return {"about": about, "model": SMOLLM2, "overrides": [f"+experiment={profile}", *_REAL], "episodes": 512,
+            "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"]}
+
+
 TASKS["guess"] = {
     "about": "TextArena GuessTheNumber (a secret from 1 to 20, bracketed guesses, 'higher'/'lower' after each, 5 "
              "turns), multi-turn; success is a win (the game's return also gives a lost game partial credit for how "
@@ -65,25 +73,19 @@ TASKS["guess"] = {
     "methods": {"es": [], **{m: [*a, "algo.micro_batch=4"] for m, a in TASKS["arith"]["methods"].items() if m != "es"}},
     "anchor": TASKS["arith"]["anchor"],
 }
-TASKS["gcd"] = {
-    "about": "reasoning-gym gcd (the greatest common divisor of two numbers from 1 to 20), single turn, a final "
-             "'Answer: X' line or the last number read, SmolLM2-135M-Instruct",
-    "model": SMOLLM2, "overrides": ["+experiment=smollm2_gcd", *_REAL], "episodes": 512,
-    "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
-}
-TASKS["letters"] = {
-    "about": "reasoning-gym letter_counting (how many times a letter appears in a text of 5 to 15 words), single "
-             "turn, a final 'Answer: X' line or the last number read, SmolLM2-135M-Instruct",
-    "model": SMOLLM2, "overrides": ["+experiment=smollm2_letters", *_REAL], "episodes": 512,
-    "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
-}
-TASKS["sudoku4"] = {
-    "about": "4x4 Sudoku with two blanks, each empty cell's candidates listed (with two blanks that list is the "
-             "answer: the task is reading it and writing the move), one 'set <row> <col> <value>' a turn, 4 turns, "
-             "1 for a solved board, SmolLM2-135M-Instruct",
-    "model": SMOLLM2, "overrides": ["+experiment=smollm2_sudoku4", *_REAL], "episodes": 512,
-    "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"],
-}
+TASKS["gcd"] = _like_arith(
+    "smollm2_gcd", "reasoning-gym gcd (the greatest common divisor of two numbers from 1 to 20), single turn, a final "
+                   "'Answer: X' line or the last number read, SmolLM2-135M-Instruct")
+TASKS["letters"] = _like_arith(
+    "smollm2_letters", "reasoning-gym letter_counting (how many times a letter appears in a text of 5 to 15 words), "
+                       "single turn, a final 'Answer: X' line or the last number read, SmolLM2-135M-Instruct")
+TASKS["products"] = _like_arith(
+    "smollm2_products", "reasoning-gym products (two one-digit factors), single turn, a final 'Answer: X' line or "
+                        "the last number read, SmolLM2-135M-Instruct")
+TASKS["sudoku4"] = _like_arith(
+    "smollm2_sudoku4", "4x4 Sudoku with two blanks, each empty cell's candidates listed (with two blanks that list is "
+                       "the answer: the task is reading it and writing the move), one 'set <row> <col> <value>' a "
+                       "turn, 4 turns, 1 for a solved board, SmolLM2-135M-Instruct")
 METHODS = ("es", "grpo", "ppo", "es-anchored", "es-lowrank")  # es-anchored: ES with weight decay toward the starting
 # weights; es-lowrank: ES with rank-1 noise per matrix, each step's members in one batched generation
 LOWRANK = ["es.noise=lowrank", "es.rank=1", "es.member_batch=true"]

@@ -1,4 +1,4 @@
-"""Worker body for the elastic-resume test (importable by spawned children)."""
+"""Worker bodies for the resume tests (importable by spawned children), and the elastic chain they share."""
 from __future__ import annotations
 
 import os
@@ -34,6 +34,33 @@ def segment_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run
     trainer.close()
     if rank == 0:
         torch.save({"start": start, "restored": restored, "state": state}, out_path)
+
+
+def resume_chain(tmp_path, chain, steps: int = 6, es: dict | None = None, segment=None) -> dict:
+    """One uninterrupted 1x1 run of ``steps`` steps (the reference) and the same run cut into the segments of
+    ``chain`` [(dp, tp, stop_at, step the resume starts from)], each resuming the previous one's checkpoint at its
+    layout, then the last checkpoint resumed at 1x1 to the end. Asserts each segment restored the step it should;
+    ``segment(i, dp, tp, stop, run)`` adds a test's checks after segment i. Returns the reference state, each
+    segment's report, the 1x1 finish's report and the paths."""
+    from esopt_mp.models import build_tiny_qwen35
+    from esopt_mp.parallel import ParallelDims
+    from esopt_mp.parallel.local_world import run_world
+
+    model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
+    run, ref, one = str(tmp_path / "run"), str(tmp_path / "ref"), ParallelDims(1, 1, 1)
+    segment_worker(0, 1, 1, 1, model, ref, str(tmp_path / "ref.pt"), steps, steps, one, es)
+    out = {"want": torch.load(tmp_path / "ref.pt")["state"], "segments": [], "run": run, "ref": ref, "model": model}
+    for i, (dp, tp, stop, restored) in enumerate(chain):
+        run_world(dp * tp, segment_worker, dp, tp, model, run, str(tmp_path / f"seg{i}.pt"), steps, stop, None, es)
+        got = torch.load(tmp_path / f"seg{i}.pt")
+        assert got["start"] == got["restored"] == restored, (dp, tp, got["start"], got["restored"])
+        out["segments"].append(got)
+        if segment:
+            segment(i, dp, tp, stop, run)
+    segment_worker(0, 1, 1, 1, model, run, str(tmp_path / "last.pt"), steps, steps, one, es)
+    out["last"] = torch.load(tmp_path / "last.pt")
+    assert out["last"]["restored"] == chain[-1][2]
+    return out
 
 
 def failing_read_worker(rank: int, world: int, model_path: str, run_dir: str, out_path: str) -> None:

@@ -30,24 +30,11 @@ def test_sigkill_at_dp2_then_rerun_equals_uninterrupted(tmp_path):
 
 
 def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
-    from esopt_mp.models import build_tiny_qwen35
-    from esopt_mp.parallel import ParallelDims
-    from esopt_mp.parallel.local_world import run_world
-    from tests.integration.resume_workers import segment_worker
+    from tests.integration.resume_workers import resume_chain
 
-    es = {"noise": "lowrank", "rank": 2}
-    model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
-    run, one = str(tmp_path / "run"), ParallelDims(1, 1, 1)
-    segment_worker(0, 1, 1, 1, model, str(tmp_path / "ref"), str(tmp_path / "ref.pt"), 6, 6, one, es)
-    want = torch.load(tmp_path / "ref.pt")["state"]
-    for i, (dp, tp, stop, restored) in enumerate([(2, 1, 2, 0), (1, 2, 4, 2)]):
-        run_world(dp * tp, segment_worker, dp, tp, model, run, str(tmp_path / f"seg{i}.pt"), 6, stop, None, es)
-        got = torch.load(tmp_path / f"seg{i}.pt")
-        assert got["start"] == got["restored"] == restored, (dp, tp, got["start"], got["restored"])
-    segment_worker(0, 1, 1, 1, model, run, str(tmp_path / "last.pt"), 6, 6, one, es)  # tp=2's checkpoint at 1x1
-    last = torch.load(tmp_path / "last.pt")
-    assert last["restored"] == 4
-    assert last["state"].keys() == want.keys() and all(torch.equal(last["state"][k], want[k]) for k in want)
-    assert _ledger(run) == _ledger(tmp_path / "ref")
-    base = load_file(os.path.join(model, "model.safetensors"))
+    out = resume_chain(tmp_path, [(2, 1, 2, 0), (1, 2, 4, 2)], es={"noise": "lowrank", "rank": 2})
+    want, last = out["want"], out["last"]["state"]  # the 1x1 finish resumed tp=2's checkpoint at step 4
+    assert last.keys() == want.keys() and all(torch.equal(last[k], want[k]) for k in want)
+    assert _ledger(out["run"]) == _ledger(out["ref"])
+    base = load_file(os.path.join(out["model"], "model.safetensors"))
     assert any(not torch.equal(want[k], v) for k, v in base.items())

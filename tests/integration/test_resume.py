@@ -168,31 +168,20 @@ def test_resume_at_other_layouts_equals_uninterrupted_run(tmp_path):
     """tp2/dp1 -> tp1/dp2 -> tp2/dp1 -> tp2/dp2 -> 1x1, each segment resuming the previous one's DCP checkpoint
     (elastic load, same config hash; async saves mid-segment): bit-identical to one uninterrupted 1x1 run
     (seed_hash objective: returns depend on the seed only), the ledger's seeds and returns equal."""
-    from esopt_mp.models import build_tiny_qwen35
-    from esopt_mp.parallel import ParallelDims
-    from esopt_mp.parallel.local_world import run_world
-    from tests.integration.resume_workers import segment_worker
+    from tests.integration.resume_workers import resume_chain
 
-    model = build_tiny_qwen35(str(tmp_path / "tiny"), seed=3, num_hidden_layers=2)
-    run, one = str(tmp_path / "run"), ParallelDims(1, 1, 1)
-    segment_worker(0, 1, 1, 1, model, str(tmp_path / "ref"), str(tmp_path / "ref.pt"), 6, 6, one)
-    want = torch.load(tmp_path / "ref.pt")["state"]
-    chain = [(1, 2, 1, 0), (2, 1, 2, 1), (1, 2, 4, 2), (2, 2, 6, 4)]  # (dp, tp, stop_at, step the resume starts from)
-    for i, (dp, tp, stop, restored) in enumerate(chain):
-        out = str(tmp_path / f"seg{i}.pt")
-        run_world(dp * tp, segment_worker, dp, tp, model, run, out, 6, stop)
-        got = torch.load(out)
-        assert got["start"] == got["restored"] == restored, (dp, tp, got["start"], got["restored"])
+    def pruned_and_described(i, dp, tp, stop, run):
         assert sorted(os.listdir(os.path.join(run, "ckpt"))) == [f"step_{stop:06d}"]  # keep=1 pruned the rest
         man = json.load(open(os.path.join(run, "ckpt", f"step_{stop:06d}", "manifest.json")))
         assert man["layout"] == {"dp": dp, "tp": tp} and man["format"] == 3
-    segment_worker(0, 1, 1, 1, model, run, str(tmp_path / "last.pt"), 6, 6, one)  # tp=2 checkpoint at 1x1
-    last = torch.load(tmp_path / "last.pt")
-    assert last["restored"] == 6
-    for got in (torch.load(tmp_path / "seg3.pt")["state"], last["state"]):
+
+    chain = [(1, 2, 1, 0), (2, 1, 2, 1), (1, 2, 4, 2), (2, 2, 6, 4)]  # (dp, tp, stop_at, step the resume starts from)
+    out = resume_chain(tmp_path, chain, segment=pruned_and_described)  # then tp=2's checkpoint at 1x1
+    want = out["want"]
+    for got in (out["segments"][-1]["state"], out["last"]["state"]):
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-    assert _ledger(run) == _ledger(tmp_path / "ref")
-    base = load_file(os.path.join(model, "model.safetensors"))
+    assert _ledger(out["run"]) == _ledger(out["ref"])
+    base = load_file(os.path.join(out["model"], "model.safetensors"))
     assert any(not torch.equal(want[k], v) for k, v in base.items())
 
 

@@ -209,6 +209,10 @@ def test_the_real_model_profile_builds_and_scores_the_answer_line():
     section = letters.env.sections["reasoning_gym"]
     assert section.dataset == "letter_counting" and not section.config and section.answer_format == "lenient"
     assert (letters.es.population, letters.es.sigma.start) == (8, cfg.es.sigma.start)
+    products = build_config(compose_config("+experiment=smollm2_products"), 1)  # the fourth: one-digit factors
+    section = products.env.sections["reasoning_gym"]
+    assert section.dataset == "products" and section.config["max_digits"] == 1 and section.answer_format == "lenient"
+    assert (products.es.population, products.env.n_train, products.es.sigma.start) == (8, 48, cfg.es.sigma.start)
 
 
 def test_the_real_model_game_and_sudoku_profiles_build():

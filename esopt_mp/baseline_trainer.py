@@ -164,7 +164,7 @@ class BaselineTrainer:
 
 
 class _Ep:
-    """The fields of ``agent.loop.Episode`` a TokenBatch needs (what the TP leader broadcasts)."""
+    """The fields of ``core.types.Episode`` a TokenBatch needs (what the TP leader broadcasts)."""
 
     def __init__(self, token_ids, spans, ret):
         self.token_ids, self.spans, self.ret, self.id = token_ids, spans, ret, ""

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from esopt_mp.es.seeds import M64, Member, splitmix64
+from esopt_mp.core.types import Member
+from esopt_mp.es.seeds import M64, splitmix64
 
 if TYPE_CHECKING:
     import torch

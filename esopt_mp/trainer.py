@@ -33,7 +33,7 @@ from esopt_mp.core.errors import FAILURE_KINDS, StartupError
 from esopt_mp.es import Schedule, population, shape_returns
 from esopt_mp.es.hostmem import malloc_trim
 from esopt_mp.es.perturber import exact_restore
-from esopt_mp.es.seeds import Member
+from esopt_mp.core.types import Member
 from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.ledger import Health, updates_digest
 from esopt_mp.metrics import MetricsWriter

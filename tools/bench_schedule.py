@@ -76,7 +76,7 @@ def worker(rank: int, world: int, out_dir: str, steps: int, population: int, med
         trainer = ESTrainer(cfg, dims)
         if warm_up:
             warm_up = False
-            from esopt_mp.es.seeds import Member
+            from esopt_mp.core.types import Member
 
             SlowSite.median = 0.0
             trainer.objective.evaluate_member(Member(0, 0, 1, 1, 0))

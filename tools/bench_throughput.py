@@ -26,7 +26,7 @@ def measure(steps: int, overrides: list[str]) -> dict:
 
     from esopt_mp.es import population as members_of
     from esopt_mp.es.philox import kernel_cached
-    from esopt_mp.es.seeds import Member
+    from esopt_mp.core.types import Member
     from esopt_mp.parallel import LaunchEnv, init_distributed
     from esopt_mp.trainer import ESTrainer
     from tools.bench import _embedded_default

@@ -19,7 +19,8 @@ from esopt_mp.agent.episodes import EpisodeTally, draw_step_tasks, load_tasks, r
 from esopt_mp.agent.harness_run import (HarnessError, HarnessPool, callable_job, command_argv, command_job,
                                         load_callable)
 from esopt_mp.agent.held_out import HeldOut
-from esopt_mp.agent.loop import Episode
+from esopt_mp.agent.loop import episode_record
+from esopt_mp.core.types import Episode
 from esopt_mp.engine.base import SamplingParams
 from esopt_mp.engine.tp import replicated
 from esopt_mp.parallel.collectives import first_failure
@@ -171,7 +172,7 @@ def write_requests(path: str, eps: list[Episode], records: list[list], **tags) -
     and reply the endpoint saw from it."""
     with open_run_file(path, "a") as f:  # never through a link planted in run.dir
         for ep, reqs in zip(eps, records):
-            row = {k: v for k, v in ep.to_json().items() if k != "turns"}
+            row = {k: v for k, v in episode_record(ep).items() if k != "turns"}
             f.write(json.dumps({**tags, **row, "requests": reqs}, default=str) + "\n")
 
 

@@ -14,6 +14,7 @@ import time
 from esopt_mp.chat.format import IM_END, clean_text, delta_text, opening_text
 from esopt_mp.engine.base import Engine, SamplingParams, generate_capped
 from esopt_mp.core.errors import InfraError
+from esopt_mp.core.types import Episode
 from esopt_mp.envs.base import call_envs, failure_return, returns_sum
 from esopt_mp.envs.config import EnvConfig, check_episode_limits
 from esopt_mp.runfiles import open_run_file
@@ -43,27 +44,14 @@ def build_agent_config(env_cfg, sampling: SamplingParams) -> AgentConfig:
 _NOT_RECORDED = ("token_ids", "spans", "ret", "floor")
 
 
-@dataclasses.dataclass
-class Episode:
-    id: str
-    ret: float = 0.0
-    ended: str = ""  # terminated | truncated | turn_budget | token_budget | failed
-    turns: list = dataclasses.field(default_factory=list)
-    error: str | None = None
-    failure: str | None = None  # failed episodes: model | wall_clock (scored the env's failure_return) | infra (NaN)
-    floor: float = 0.0  # the env's failure return: what a failed episode scores where none may be left out
-    seconds: float = 0.0
-    token_ids: list = dataclasses.field(default_factory=list)
-    spans: list = dataclasses.field(default_factory=list)  # [start, end) of each turn's generated tokens in token_ids
-    retried: str | None = None  # played again after an infrastructure failure: that first attempt's error
-
-    def to_json(self) -> dict:
-        """The trajectory record (turns are JSON already: no deep copy, which a deep ``info`` would recurse in)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_RECORDED}
-        d["return"] = None if math.isnan(self.ret) else self.ret
-        if self.retried is None:
-            d.pop("retried")
-        return d
+def episode_record(ep: Episode) -> dict:
+    """The trajectory record of an episode (turns are JSON already: no deep copy, which a deep ``info`` would
+    recurse in); its return is null where the infrastructure failed it."""
+    d = {f.name: getattr(ep, f.name) for f in dataclasses.fields(ep) if f.name not in _NOT_RECORDED}
+    d["return"] = None if math.isnan(ep.ret) else ep.ret
+    if ep.retried is None:
+        d.pop("retried")
+    return d
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -214,7 +202,7 @@ def write_trajectories(path: str, episodes: list[Episode], **extra) -> None:
     """Append one JSON line per episode (its turns, return, why it ended); a symbolic link at ``path`` is refused."""
     with open_run_file(path, "a") as f:
         for ep in episodes:
-            row = {**extra, **ep.to_json()}
+            row = {**extra, **episode_record(ep)}
             try:
                 line = json.dumps(row)
             except (RecursionError, ValueError) as e:  # a turn's info too deep for JSON: the record without infos

@@ -74,7 +74,7 @@ def _from_rows(ids: list[list[int]], spans: list[list[tuple[int, int]]], rewards
 
 
 def build_token_batch(episodes, pad_id: int, device=None, groups=None) -> TokenBatch:
-    """Batch of ``agent.loop.Episode`` objects; failed (NaN-return) episodes are dropped.
+    """Batch of ``core.types.Episode`` objects; failed (NaN-return) episodes are dropped.
 
     ``groups``: one task index per episode (default: episodes with the same ``id`` share a group).
     """

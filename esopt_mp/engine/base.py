@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from esopt_mp.core.types import Generation
 from esopt_mp.engine.config import EngineConfig, check_sampling
 
 
@@ -80,15 +81,6 @@ def sample(logits: torch.Tensor, generated: list[list[int]], p: SamplingParams,
         return x.argmax(-1).tolist()
     probs = x.softmax(-1).cpu()
     return [int(torch.multinomial(probs[r], 1, generator=g)) for r, g in enumerate(generators)]
-
-
-@dataclasses.dataclass
-class Generation:
-    token_ids: list[int]
-    text: str
-    finish: str  # eos | stop | length
-    prefill_tokens: int
-    seconds: float
 
 
 @dataclasses.dataclass

@@ -15,7 +15,8 @@ from typing import Callable, TypeVar
 
 import torch
 
-from esopt_mp.engine.base import Engine, Generation, SamplingParams, generate_capped
+from esopt_mp.core.types import Generation
+from esopt_mp.engine.base import Engine, SamplingParams, generate_capped
 
 T = TypeVar("T")
 

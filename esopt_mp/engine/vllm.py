@@ -33,7 +33,8 @@ import time
 
 import torch
 
-from esopt_mp.engine.base import EngineStats, Generation, check_caps, eos_ids, pad_id, reply_text
+from esopt_mp.core.types import Generation
+from esopt_mp.engine.base import EngineStats, check_caps, eos_ids, pad_id, reply_text
 
 log = logging.getLogger(__name__)
 

@@ -10,21 +10,6 @@ from esopt_mp.typed import check, check_choice
 M64 = (1 << 64) - 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Member:
-    """One member of a step, as an objective is asked to evaluate it: its seed and sign."""
-
-    step: int
-    index: int
-    seed: int
-    sign: int
-    pair: int = -1  # mirrored sampling: index // 2 (both signs of one seed); else the index
-
-    def __post_init__(self):
-        if self.pair < 0:
-            object.__setattr__(self, "pair", self.index)
-
-
 def splitmix64(x: int) -> int:
     """One step of SplitMix64 (Steele et al.), a strong 64-bit mixer."""
     x = (x + 0x9E3779B97F4A7C15) & M64

@@ -31,7 +31,7 @@ class FakeEngine:
         return type("Conv", (), {"ids": [], "g": g})()
 
     def generate(self, convs, new_ids, params, max_new=None):
-        from esopt_mp.engine.base import Generation
+        from esopt_mp.core.types import Generation
 
         out = []
         for i, (c, ids) in enumerate(zip(convs, new_ids)):

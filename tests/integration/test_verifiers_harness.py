@@ -34,7 +34,7 @@ class ScriptedEngine:
         return types.SimpleNamespace(ids=[], seed=seed)
 
     def generate(self, convs, new_ids, params, max_new=None):
-        from esopt_mp.engine.base import Generation
+        from esopt_mp.core.types import Generation
 
         out = []
         for c, ids in zip(convs, new_ids):

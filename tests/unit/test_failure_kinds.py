@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from esopt_mp.agent.loop import AgentConfig, run_episodes
+from esopt_mp.agent.loop import AgentConfig, episode_record, run_episodes
 from esopt_mp.config import build_config
 from esopt_mp.envs import InfraError
 from tests.web.scripted import ScriptedEngine
@@ -43,7 +43,7 @@ def test_each_failure_kind_scores_as_it_should():
     assert math.isnan(eps[2].ret) and math.isnan(eps[3].ret)  # the infrastructure's: left out
     assert [e.floor for e in eps[1:]] == [ScriptedEnv.failure_return] * 3  # where none may be left out
     assert "RecursionError" in eps[1].error and "InfraError" in eps[2].error and "OSError" in eps[3].error
-    assert all(e.to_json()["failure"] == e.failure for e in eps)
+    assert all(episode_record(e)["failure"] == e.failure for e in eps)
 
 
 def test_the_wall_clock_is_the_models():

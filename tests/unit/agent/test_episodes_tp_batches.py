@@ -10,9 +10,10 @@ import esopt_mp.agent.episodes as ep
 from esopt_mp.agent.held_out import HeldOut
 from esopt_mp.agent.episodes import AgentObjective
 from esopt_mp.config import EnvConfig
-from esopt_mp.engine.base import EngineStats, Generation, SamplingParams
+from esopt_mp.core.types import Generation
+from esopt_mp.engine.base import EngineStats, SamplingParams
 from esopt_mp.engine.tp import TPEngine
-from esopt_mp.es.seeds import Member
+from esopt_mp.core.types import Member
 from tests.fixtures.tp_pair import RecordedTpPair
 
 
@@ -67,7 +68,7 @@ def test_peer_follows_every_batch_the_leader_plays(monkeypatch, max_browsers, re
     monkeypatch.setattr(ep.EpisodePlayer, "make_env", lambda *a, **k: types.SimpleNamespace(close=lambda: None))
     cfg = EnvConfig(name="webarena_lite")
     cfg.section.max_browsers, cfg.eval_repeats, cfg.episodes_per_step = max_browsers, repeats, 6
-    member = Member(step=0, index=0, seed=1, sign=1)
+    member = Member(step=0, index=0, seed=1, sign=1, pair=0)
     for n, play in ((5 * repeats, lambda p: HeldOut(p).evaluate()),
                     (6, lambda p: AgentObjective(p).evaluate_member(member))):
         calls.update(run=0, episodes=0)

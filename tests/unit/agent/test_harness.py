@@ -14,10 +14,11 @@ from openai import OpenAI
 from esopt_mp.agent.harness import HarnessObjective, HarnessPlayer, agree
 from esopt_mp.agent.harness_run import HarnessError, HarnessPool, Outcome, command_argv, load_callable
 from esopt_mp.config import ConfigError, build_config
-from esopt_mp.engine.base import EngineStats, Generation
+from esopt_mp.core.types import Generation
+from esopt_mp.engine.base import EngineStats
 from esopt_mp.envs import InfraError
 from esopt_mp.identity import config_hash
-from esopt_mp.es.seeds import Member
+from esopt_mp.core.types import Member
 from esopt_mp.parallel import ParallelDims
 from tests.web.scripted import ScriptedEngine
 
@@ -224,7 +225,7 @@ def test_a_member_return_depends_on_its_replies_and_the_first_silent_evaluation_
     cfg = harness_cfg(tmp_path, fn="reply_length")
     p = player_of(cfg, [["abcd", "ef"]] * 4)
     obj = HarnessObjective(p)
-    assert obj.evaluate_member(Member(0, 0, 11, 1)) == pytest.approx(4.2)
+    assert obj.evaluate_member(Member(0, 0, 11, 1, 0)) == pytest.approx(4.2)
     assert p.server.members[0].model == "member-0-0" and len(p.server.members[0].seeds) == 4
     silent = HarnessObjective(player_of(harness_cfg(tmp_path, fn="by_task"), [["x"]] * 4))
     silent.player.eval_tasks = [{"id": "q", "do": "silent"}]

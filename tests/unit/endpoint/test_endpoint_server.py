@@ -20,7 +20,8 @@ from transformers import AutoTokenizer
 from esopt_mp.endpoint.config import EndpointConfig, EndpointError
 from esopt_mp.endpoint.render import continuation_text, prompt_text
 from esopt_mp.endpoint.server import EndpointServer
-from esopt_mp.engine.base import EngineStats, Generation, SamplingParams
+from esopt_mp.core.types import Generation
+from esopt_mp.engine.base import EngineStats, SamplingParams
 
 AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "esopt_mp", "assets", "tiny_agent")
 SAMPLING = SamplingParams(temperature=0, presence_penalty=0.0, max_new_tokens=64)

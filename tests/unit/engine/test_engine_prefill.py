@@ -27,7 +27,7 @@ class _GenerateEngine(HFEngine):
 
     @torch.no_grad()
     def generate(self, convs, new_ids, params):
-        from esopt_mp.engine.base import Generation
+        from esopt_mp.core.types import Generation
 
         out = []
         for conv, ids in zip(convs, new_ids):

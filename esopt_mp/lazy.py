@@ -20,3 +20,19 @@ def lazy_exports(package: str, exports: dict[str, str], namespace: dict):
         return sorted(set(namespace) | set(namespace.get("__all__", exports)))
 
     return __getattr__, __dir__
+
+
+def moved_names(module: str, moved: dict[str, str]):
+    """``__getattr__`` of ``module`` for names that moved to another module (``moved``: name -> its new module): the
+    name, with a one-line notice of where it lives now; the old spelling is kept one release."""
+
+    def __getattr__(name: str):
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        import warnings
+
+        warnings.warn(f"{module}.{name} is now {moved[name]}.{name}: import it from there (the old name goes in the "
+                      f"next release)", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(moved[name]), name)
+
+    return __getattr__

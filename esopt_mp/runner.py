@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+from esopt_mp.lazy import moved_names
 from esopt_mp.metrics import plot_run, summary_screen
 from esopt_mp.progress import StepProgress
 
@@ -27,16 +28,7 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 MOVED = {"trajectories_file": "esopt_mp.runfiles", "write_config": "esopt_mp.runfiles"}  # kept one release
 
 
-def __getattr__(name: str):
-    """A name's former home (PEP 562): the name, with a one-line notice of where it lives now."""
-    if name not in MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(f"esopt_mp.runner.{name} is now {MOVED[name]}.{name}: import it from there (the old name goes in "
-                  f"the next release)", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(MOVED[name]), name)
+__getattr__ = moved_names(__name__, MOVED)
 
 
 class Trainer(Protocol):

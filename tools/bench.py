@@ -286,7 +286,7 @@ def markdown(record: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0],
                                  epilog="One benchmark alone: esopt bench NAME [its options]; esopt bench list names "
                                         "them.")
     ap.add_argument("--quick", action="store_true", help="small sizes in every section (smoke test, ~1 min)")

@@ -22,7 +22,7 @@ from esopt_mp.profiling.record import print_record
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--tensors", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)

@@ -123,7 +123,7 @@ def run(layouts, steps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"))
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--layouts", default="2x2,4x1", help="comma-separated DPxTP")
     ap.add_argument("--no-netns", action="store_true", help="measure on the shared loopback")

@@ -167,7 +167,7 @@ def run(sessions: int = 8, turns: int = 3, max_new_tokens: int = 16, repeats: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=16)

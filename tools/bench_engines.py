@@ -48,7 +48,7 @@ def play(engine, tasks, seeds, max_turns: int, max_new_tokens: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5"])
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--turns", type=int, default=3)

@@ -92,7 +92,7 @@ def measure(path: str, tmp: str, tp: int, shard_fraction: float) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)

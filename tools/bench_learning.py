@@ -358,7 +358,7 @@ def plot(reports: list[dict], png: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="default", choices=sorted(TASKS))
     ap.add_argument("--methods", nargs="+", default=["es"], choices=METHODS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

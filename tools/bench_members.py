@@ -176,7 +176,7 @@ def measure(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="builtin", help="builtin (the tiny agent), smollm2, or a model directory")
     ap.add_argument("--G", type=int, nargs="+", default=[8, 16, 64])
     ap.add_argument("--episodes", type=int, default=4, help="sequences per member")

@@ -189,7 +189,7 @@ def bench_drift(n: int, cycles: int, backend: str = "compile") -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--cuda", action="store_true", help="the Triton kernels on CUDA (skips cleanly without)")
     ap.add_argument("--check-only", action="store_true", help="with --cuda: only the equality checks")

@@ -196,7 +196,7 @@ def run(episodes: int = 16, turns: int = 6, max_new_tokens: int = 10, repeats: i
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=16, help="16 = the embedded default's episodes per step")
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=10, help="the token cap (configs/engine/hf.yaml)")

@@ -127,7 +127,7 @@ def run(dps: list[int], steps: int, population: int, median: float, sigma: float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--dps", default="2,4", help="data-parallel sizes, comma-separated")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--population", type=int, default=16)

@@ -54,7 +54,7 @@ def case(policy: str, busy: bool, steps: int, overrides: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--policies", nargs="+", default=["PASSIVE", "ACTIVE"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="each case this many times, in ABBA order (a slow "

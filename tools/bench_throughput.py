@@ -111,7 +111,7 @@ def measure(steps: int, overrides: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6, help="ES steps measured (of the run's es.steps)")
     ap.add_argument("overrides", nargs="*", help="config overrides (key=value), as launch/train.py takes them")
     a = ap.parse_args()

@@ -10,6 +10,7 @@ Memory: the summed PSS of one open episode's browser processes (Chromium's, play
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import time
@@ -76,7 +77,7 @@ def play(n_browsers: int, episodes: int, web) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--browsers", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--settle", type=float, default=0.0, help="env.webarena_lite.settle_s (BrowserGym's pre_observation_delay)")

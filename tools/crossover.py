@@ -169,7 +169,7 @@ def plot(agg: dict, budget: int, path: str, xlabel: str, horizons: list[int] | N
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="sudoku", help="env.name of every run (any built-in or installed plugin)")
     ap.add_argument("--horizon-key", default=SUDOKU_HORIZON, help="the integer setting each horizon value sets")
     ap.add_argument("--turns-per-horizon", type=int, default=2, help="env.max_turns = this x horizon (0: unset)")

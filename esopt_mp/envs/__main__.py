@@ -112,7 +112,7 @@ def check(name: str, pairs: list[str], replies: list[str], max_turns: int, n_tra
 
 def main(argv=None, prog: str = "python -m esopt_mp.envs") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", metavar="{list,show,check}")
     sub.add_parser("list", help="built-in environments and installed plugins")
     show = sub.add_parser("show", help="an environment's section: keys and defaults")
     show.add_argument("name")
@@ -124,6 +124,9 @@ def main(argv=None, prog: str = "python -m esopt_mp.envs") -> int:
     chk.add_argument("--n-train", type=int, default=2, help="training tasks drawn (env.n_train)")
     chk.add_argument("--n-eval", type=int, default=2, help="held-out tasks kept (env.n_eval)")
     args = ap.parse_args(argv)
+    if args.cmd is None:  # no command: what the commands are, as --help says it
+        ap.print_help()
+        return 0
     from esopt_mp.envs.registry import EnvNotFound, describe, duplicates, names, shadowed
 
     try:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from esopt_mp.lazy import moved_names
 from esopt_mp.typed import check, check_choice
 
 M64 = (1 << 64) - 1
+__getattr__ = moved_names(__name__, {"Member": "esopt_mp.core.types"})  # kept one release
 
 
 def splitmix64(x: int) -> int:

@@ -106,6 +106,34 @@ def abandoned_save_worker(rank: int, world: int, run_dir: str, out_path: str) ->
     os._exit(0)
 
 
+def failing_write_worker(rank: int, world: int, run_dir: str, out_path: str) -> None:
+    """tp=2, one writer group: both ranks save; rank 1's disk is full (DCP's file write fails there only). Saves what
+    each rank raised."""
+    import torch.distributed.checkpoint.filesystem as fs
+
+    from esopt_mp import checkpoint as ck
+    from esopt_mp.es import Perturber
+    from esopt_mp.es.shard import LocalShard, ShardInfo
+
+    dims = init_distributed(discover(), 1, 2, timeout_s=120)
+    box = torch.arange(12.0).view(2, 6)[rank : rank + 1].clone()
+    p = Perturber([LocalShard(box, ShardInfo("w", (2, 6), (rank, 0), (1, 6)))])
+    if rank == 1:
+        def full(*a, **k):
+            raise OSError(28, "No space left on device")
+
+        fs._write_item = full
+    c = ck.Checkpointer(run_dir, dims, async_save=True)
+    c.save(1, p)
+    try:
+        c.wait()
+        got = None
+    except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
+        got = (type(e).__name__, str(e))
+    c.close()
+    torch.save(got, f"{out_path}.{rank}")
+
+
 def subtract_worker(rank: int, world: int, dp: int, model_path: str, run_dir: str, out_path: str, steps: int,
                     dims=None) -> None:
     """``steps`` steps of target_logprob (returns depend on the weights) with es.restore=subtract at dp x 1 (the

@@ -51,3 +51,18 @@ def test_close_abandons_a_write_still_inside_its_group(tmp_path):
     assert os.listdir(os.path.join(run, "ckpt")) == ["step_000001.tmp"] and ck.checkpoint_steps(run) == []
     ck.save_checkpoint(run, 1, perturber(states_at(1)[1]), ParallelDims(1, 1, 1))
     assert os.listdir(os.path.join(run, "ckpt")) == ["step_000001"]
+
+
+def test_a_write_failure_on_one_rank_fails_every_rank_with_the_same_line(tmp_path):
+    """Rank 1's disk is full while both ranks write the step's checkpoint: both raise the same CheckpointError,
+    naming the failing rank and the cause, and no checkpoint is left."""
+    from esopt_mp import checkpoint as ck
+    from tests.integration.resume_workers import failing_write_worker
+
+    run = str(tmp_path / "run")
+    run_world(2, failing_write_worker, run, str(tmp_path / "got"), timeout=240)
+    got = [torch.load(tmp_path / f"got.{r}") for r in range(2)]
+    assert got[0] == got[1], got
+    name, msg = got[0]
+    assert name == "CheckpointError" and "step 1 was not written (rank " in msg and "No space left" in msg, msg
+    assert ck.checkpoint_steps(run) == [] and os.listdir(os.path.join(run, "ckpt")) == []

@@ -80,6 +80,19 @@ def _string_tables(tree: ast.Module) -> list[str]:
     return out
 
 
+def _import_module_calls(tree: ast.AST) -> list[str]:
+    """Modules named by a constant string given to ``importlib.import_module`` anywhere (a lazy import by name)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and node.args[0].value.startswith(PKG + "."):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr == "import_module") or \
+                    (isinstance(f, ast.Name) and f.id == "import_module"):
+                out.append(node.args[0].value)
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def import_graph(root: Path = ROOT) -> dict[str, frozenset[str]]:
     modules = _modules(root)
@@ -90,6 +103,7 @@ def import_graph(root: Path = ROOT) -> dict[str, frozenset[str]]:
         if is_pkg:
             graph[mod].update(m for m in _lazy_exports(tree, mod) if m in modules)
         graph[mod].update(m for m in _string_tables(tree) if m in modules)
+        graph[mod].update(m for m in _import_module_calls(tree) if m in modules)
         for node in _imports(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
@@ -304,6 +318,10 @@ def test_layer_rule_catches_a_planted_upward_import_a_cycle_and_an_unplaced_pack
     (pkg / "es" / "noise.py").write_text("def f():\n    from esopt_mp.agent import loop\n")  # lazy counts too
     (pkg / "wild.py").write_text("")
     assert layer_violations(import_graph.__wrapped__(pkg)) == {"es -> agent", "cycle: agent, envs, es", "unplaced: wild"}
+    (pkg / "es" / "noise.py").write_text("import importlib\n\ndef f():\n    return importlib.import_module("
+                                          "'esopt_mp.envs.base')\n")  # an import by name counts too
+    (pkg / "wild.py").unlink()
+    assert layer_violations(import_graph.__wrapped__(pkg)) == {"es -> envs", "cycle: envs, es"}
 
 
 def test_packages_keep_their_layers():

@@ -108,7 +108,7 @@ class BaselineTrainer:
 
     # ------------------------------------------------------------------ run
     @property
-    def comm(self) -> CommStats:
+    def comm_stats(self) -> CommStats:
         """Bytes this trainer's collectives moved (counted at the calls)."""
         return self.dims.comm.stats - self._comm0
 

@@ -43,7 +43,7 @@ class Trainer(Protocol):
     steps: int
 
     @property
-    def comm(self) -> CommStats:
+    def comm_stats(self) -> CommStats:
         """Bytes this trainer's collectives moved since it was built."""
 
     def step(self, t: int) -> dict:
@@ -132,7 +132,7 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
     metrics.write({"eval_step": steps, "eval": after})
     summary = {"eval_before": before, "eval_after": after, "steps": steps, "resumed_from": trainer.start_step,
                "seconds": time.perf_counter() - t_start,
-               "comm_bytes_per_step": trainer.comm.total / max(1, steps - trainer.start_step)}
+               "comm_bytes_per_step": trainer.comm_stats.total / max(1, steps - trainer.start_step)}
     memory = peak_memory()  # of the training, before an export's copies
     summary = {**summary, **trainer.finish(), **memory}
     metrics.write({"summary": summary})

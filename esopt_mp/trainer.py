@@ -174,7 +174,7 @@ class ESTrainer:
         return self.cfg.es.steps
 
     @property
-    def comm(self) -> CommStats:
+    def comm_stats(self) -> CommStats:
         """Bytes this trainer's collectives moved (counted at the calls, TP channel included)."""
         return self.dims.comm.stats - self._comm0
 
@@ -266,7 +266,7 @@ class ESTrainer:
                 **({"retried": retries} if retries and any(retries.values()) else {}),
                 "rollout_s": t_eval - t0, "step_s": time.perf_counter() - t0,
                 "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
-                "comm_bytes_total": self.comm.total,
+                "comm_bytes_total": self.comm_stats.total,
                 **({"context": record["context_next"], "programs": record["programs"]} if self.context else {})}
 
     def _evaluate(self, member: Member) -> float:

@@ -8,12 +8,16 @@
 - ``auto`` (default): triton on CUDA when Triton imports (else eager); on CPU ``compile`` when the noise the run
   will generate on the device repays the compiler's one-time cost, else ``eager``.
 
-The CPU decision is on the work, not the shard size: a 494k-parameter agent trained for 40 steps at G=16
-regenerates its noise ~1,300 times (6e8 elements), ~21 s eager at the ~30 M elements/s eager reaches on such small
-tensors, ~4 s compiled; the compile costs ~20 s in a fresh process with an empty cache and ~4 s when inductor's
-on-disk cache holds the kernel from an earlier run (:func:`esopt_mp.es.philox.get_kernel` keeps it in
-``$XDG_CACHE_HOME/esopt_mp/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise). Without a work estimate
-(a caller that does not know the run), compile from :data:`AUTO_COMPILE_MIN_ELEMS` local elements on.
+The CPU decision is on the work, not the shard size, and in elements, not seconds: compiling repays when the
+noise the run will generate saves more eager time than the compile costs. Both sides scale with the machine's speed
+(a machine twice as fast runs the eager kernel and the compiler about twice as fast), so the break-even point is a
+number of elements, measured once (bench_noise, 2 CPU cores: eager ~30 M elements/s on a small agent's tensors,
+compiled ~5.3x that, the compile ~20 s with an empty inductor cache and ~4 s when its on-disk cache holds the kernel):
+about 7e8 elements cold and 1.5e8 warm. A 494k-parameter agent trained for 40 steps at G=16 regenerates its noise
+~1,300 times (6e8 elements): compiled when the cache is warm (:func:`esopt_mp.es.philox.get_kernel` keeps it in
+``$XDG_CACHE_HOME/esopt_mp/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise), eager in a fresh one.
+Without a work estimate (a caller that does not know the run), compile from :data:`AUTO_COMPILE_MIN_ELEMS` local
+elements on.
 """
 from __future__ import annotations
 
@@ -29,18 +33,21 @@ from esopt_mp.typed import check_choice
 log = logging.getLogger(__name__)
 
 AUTO_COMPILE_MIN_ELEMS = 1 << 24
-EAGER_ELEMS_PER_S = 30e6  # the eager reference on a small agent's tensors, grouped (2 CPU cores)
-COMPILED_ELEMS_PER_S = 160e6  # the compiled kernel, same tensors
-COMPILE_S = {"cold": 20.0, "warm": 4.0}  # the one-time cost: an empty inductor cache, or one holding the kernel
+COMPILED_SPEEDUP = 160 / 30  # the compiled kernel's throughput over the eager reference's, same tensors
+# noise elements whose eager time equals the compile's cost (the eager rate times the compile's seconds, both
+# measured on one machine; their product does not depend on its speed): an empty inductor cache, or one holding it
+COMPILE_COST_ELEMS = {"cold": 20.0 * 30e6, "warm": 4.0 * 30e6}
 
 
 def compile_repays(work: float, warm: bool) -> tuple[bool, str]:
     """Whether compiling saves time over ``work`` noise elements, and the estimate that says so."""
-    saved = work / EAGER_ELEMS_PER_S - work / COMPILED_ELEMS_PER_S
-    cost = COMPILE_S["warm" if warm else "cold"]
-    return saved > cost, (f"the run's {work:.2g} noise elements take ~{work / EAGER_ELEMS_PER_S:.0f} s eager, "
-                          f"~{work / COMPILED_ELEMS_PER_S:.0f} s compiled, plus ~{cost:.0f} s to compile "
-                          f"({'warm' if warm else 'empty'} kernel cache)")
+    cost = COMPILE_COST_ELEMS["warm" if warm else "cold"]
+    break_even = cost / (1 - 1 / COMPILED_SPEEDUP)
+    return work > break_even, (f"the run generates {work:.2g} noise elements; compiling (~{COMPILED_SPEEDUP:.1f}x "
+                               f"eager) repays from ~{break_even:.2g} with {'a warm' if warm else 'an empty'} "
+                               "kernel cache")
+
+
 _logged: set = set()
 
 

@@ -97,4 +97,4 @@ def recorded_run_worker(rank: int, world: int, dp: int, tp: int, run_dir: str, o
     trainer.evaluate = lambda: evals.append(evaluate()) or evals[-1]
     summary = run(trainer)
     torch.save({"records": records, "summary": summary, "played": played, "evals": evals,
-                "comm_device": str(dims.comm_device), "comm": trainer.comm}, f"{out_path}.{rank}")
+                "comm_device": str(dims.comm_device), "comm": trainer.comm_stats}, f"{out_path}.{rank}")

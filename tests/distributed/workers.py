@@ -42,8 +42,8 @@ def layout_worker(rank: int, world: int, dp: int, tp: int, model_path: str, run_
         for t in range(steps):
             trainer.step(t)
         result[objective] = full_state_dict(trainer.model)
-        result[f"{objective}_comm"] = trainer.comm.total
-        result[f"{objective}_comm_by_op"] = trainer.comm.by_op
+        result[f"{objective}_comm"] = trainer.comm_stats.total
+        result[f"{objective}_comm_by_op"] = trainer.comm_stats.by_op
         result[f"{objective}_ledger"] = trainer.ledger.read()  # per step: seeds, signs, returns, shaped weights
         result[f"{objective}_shards"] = sorted(s.info.name for s in trainer.shards)
         trainer.close()

@@ -37,7 +37,7 @@ class FakeTrainer:
         os.makedirs(run_dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"), rank)
         self.start_step, self.steps, self.third, self.signal_at = start, steps, third, signal_at
-        self.comm = SimpleNamespace(total=COMM_BYTES)
+        self.comm_stats = SimpleNamespace(total=COMM_BYTES)
         self.calls, self.evals = [], 0
 
     def step(self, t):

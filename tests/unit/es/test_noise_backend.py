@@ -11,7 +11,7 @@ def test_compiling_repays_over_a_runs_work_not_over_a_short_test_run():
     assert backend.compile_repays(6e8, warm=True)[0] and not backend.compile_repays(6e8, warm=False)[0]
     assert backend.compile_repays(2e9, warm=False)[0]  # a longer run repays even the first compile
     assert not backend.compile_repays(6e6, warm=True)[0]  # a 2-step test run
-    assert "empty kernel cache" in backend.compile_repays(1e8, warm=False)[1]
+    assert "an empty kernel cache" in backend.compile_repays(1e8, warm=False)[1]
 
 
 def test_auto_takes_the_work_when_given(monkeypatch):

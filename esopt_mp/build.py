@@ -6,7 +6,8 @@
   :class:`~esopt_mp.engine.vllm.VLLMWeights`; the trainer sees one interface.
 - :func:`build_engine`: the rollout engine on an hf model.
 - :data:`OBJECTIVE_KINDS`: what each ``objective.name`` builds, which tasks it plays and what its dry run checks;
-  the objective kind is dispatched here and nowhere else.
+  the objective kind is dispatched here and nowhere else (how an episodic kind plays, in process or against a
+  served member, is ``objectives.IN_PROCESS`` / ``SERVED``, which the config's checks read).
 """
 from __future__ import annotations
 

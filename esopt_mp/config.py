@@ -111,13 +111,27 @@ class ObjectiveConfig:
 
         return self.name in EPISODIC
 
+    @property
+    def in_process(self) -> bool:
+        """Whether the in-process agent loop plays the episodes (token log-probs, trajectories, system prompt)."""
+        from esopt_mp.objectives import IN_PROCESS
+
+        return self.name in IN_PROCESS
+
+    @property
+    def served(self) -> bool:
+        """Whether the user's program plays the episodes against the served member (an endpoint, its connections)."""
+        from esopt_mp.objectives import SERVED
+
+        return self.name in SERVED
+
     def validate(self, key: str = "objective") -> None:
         from esopt_mp.objectives import OBJECTIVES
 
         check(self.name in OBJECTIVES, f"{key}.name", f"unknown objective {self.name!r}; known: {sorted(OBJECTIVES)}")
         for k in ("batch", "prompt_len", "target_len"):
             check(getattr(self, k) >= 1, f"{key}.{k}", f"must be >= 1, got {getattr(self, k)}")
-        if self.name == "harness":
+        if self.served:
             from esopt_mp.agent.harness_run import check_harness_config
 
             check_harness_config(self, key)
@@ -180,16 +194,16 @@ class TrainConfig:
             check(self.objective.episodic, "engine.name",
               f"engine=vllm plays agent episodes: needs objective=agent or harness, got {self.objective.name!r}")
         if self.prompt.optimiser == "skill":
-            check(self.objective.name == "agent", "prompt.optimiser",
+            check(self.objective.in_process, "prompt.optimiser",
               f"skill edits the system prompt of agent episodes: needs objective=agent, got {self.objective.name!r}")
         elif self.prompt.optimiser != "none":
-            check(self.objective.name == "agent" and self.env.spec.program_search, "prompt.optimiser",
+            check(self.objective.in_process and self.env.spec.program_search, "prompt.optimiser",
               f"{self.prompt.optimiser} searches programs: needs objective=agent and an environment whose "
               f"episodes write one program to score, got {self.objective.name!r} / {self.env.name!r}")
         if self.prompt.optimiser != "none":
             check(self.engine.name == "hf" and self.algo.name == "es", "prompt.optimiser",
               "prompt optimisers run beside ES (algo=es) with engine=hf for now")
-        if self.objective.name == "harness":  # each running episode holds a connection while its batch generates
+        if self.objective.served:  # each running episode holds a connection while its batch generates
             check(self.objective.concurrency <= self.endpoint.max_connections, "objective.concurrency",
                   f"{self.objective.concurrency} episodes at once would hold more connections than "
                   f"endpoint.max_connections={self.endpoint.max_connections} lets in; lower it or raise that")
@@ -201,10 +215,10 @@ class TrainConfig:
                   "greedy training episodes (engine.temperature=0) draw nothing: set engine.temperature > 0")
         if self.algo.name != "es":
             a = self.algo
-            check(self.objective.name != "harness", "objective.name",
+            check(not self.objective.served, "objective.name",
               f"algo={a.name} needs the token log-probs of its episodes; a harness gives one return per episode: "
               "use algo=es")
-            check(self.objective.name == "agent", "objective.name",
+            check(self.objective.in_process, "objective.name",
               f"algo={a.name} trains on agent episodes: needs objective=agent, got {self.objective.name!r}")
             check(a.tasks_per_step >= p.dp, "algo.tasks_per_step",
               f"{a.tasks_per_step} tasks cannot cover parallel.dp={p.dp} groups (tasks are split over dp)")
@@ -214,7 +228,7 @@ class TrainConfig:
               f"DeepSpeed ZeRO shards over data parallelism only; use parallel.tp=1, got tp={p.tp}")
             return self
         if self.es.member_batch:
-            check(self.engine.name == "hf" and self.objective.name == "agent" and p.tp == 1, "es.member_batch",
+            check(self.engine.name == "hf" and self.objective.in_process and p.tp == 1, "es.member_batch",
                   f"members in one batch run in the hf engine's agent loop at parallel.tp=1 for now, got "
                   f"engine={self.engine.name}, objective={self.objective.name}, tp={p.tp}")
         check(self.es.population >= p.dp, "es.population",

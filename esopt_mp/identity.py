@@ -156,7 +156,7 @@ def identity_fields(cfg, model_dir: str | None = None) -> dict:
         d["env"].pop(k)  # held-out evaluation; how long / how many threads episodes may take
     obj = d["objective"]  # a harness's settings: only its runs have them; wall clock and concurrency never count
     harness = ("concurrency", "timeout_s", "eval_tasks", "env", "openai_env")  # the node's, not the weights'
-    for k in harness if obj["name"] == "harness" else HARNESS_FIELDS:
+    for k in harness if cfg.objective.served else HARNESS_FIELDS:
         obj.pop(k)
     if obj.get("tasks"):  # the training tasks by content, as env.train_path
         from esopt_mp.data import resolve

@@ -107,3 +107,8 @@ class TargetLogProb(_Episodeless):
 # with an endpoint server: esopt_mp.agent.harness.HarnessObjective)
 OBJECTIVES = {"target_logprob": TargetLogProb, "seed_hash": SeedHash, "agent": None, "harness": None}
 EPISODIC = tuple(name for name, cls in OBJECTIVES.items() if cls is None)  # ObjectiveConfig.episodic
+# How the episodic kinds play (ObjectiveConfig.in_process / .served): the in-process loop, whose episodes carry token
+# log-probs and trajectories (the baselines, prompt optimisers and members in one batch need it), or the user's
+# program against the served member (an endpoint and its connections)
+IN_PROCESS = ("agent",)
+SERVED = ("harness",)

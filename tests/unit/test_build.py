@@ -7,7 +7,7 @@ import torch
 
 from esopt_mp.build import OBJECTIVE_KINDS, build_objective
 from esopt_mp.config import build_config
-from esopt_mp.objectives import EPISODIC
+from esopt_mp.objectives import EPISODIC, IN_PROCESS, SERVED
 from esopt_mp.es import Perturber, WeightOps, build_local_shards
 from esopt_mp.es.weight_ops import OPS
 
@@ -17,6 +17,7 @@ def test_every_objective_name_has_one_kind_and_those_with_tasks_are_the_episodic
 
     assert set(OBJECTIVE_KINDS) == set(OBJECTIVES)
     assert {name for name, kind in OBJECTIVE_KINDS.items() if kind.tasks is not None} == set(EPISODIC)
+    assert sorted(IN_PROCESS + SERVED) == sorted(EPISODIC)  # every episodic kind plays one way, and only one
 
 
 def test_every_algorithm_has_one_trainer_and_it_is_a_class():

@@ -4,7 +4,7 @@
 - :func:`build_weights`: the model and the weight operations ES runs on it (:class:`esopt_mp.es.WeightOps`): a
   :class:`~esopt_mp.es.Perturber` on the hf model's shards, or the same Perturber inside vLLM's workers behind
   :class:`~esopt_mp.engine.vllm.VLLMWeights`; the trainer sees one interface.
-- :func:`build_engine`: the rollout engine on an hf model.
+- :func:`build_engine`: the rollout engine on an hf model; :func:`check_engine`: what a start checks of it.
 - :data:`OBJECTIVE_KINDS`: what each ``objective.name`` builds, which tasks it plays and what its dry run checks;
   the objective kind is dispatched here and nowhere else (how an episodic kind plays, in process or against a
   served member, is ``objectives.IN_PROCESS`` / ``SERVED``, which the config's checks read).
@@ -15,6 +15,17 @@ import dataclasses
 from typing import Any, Callable
 
 from esopt_mp.core.errors import StartupError
+
+
+def check_engine(cfg) -> list[str]:
+    """What a start checks of ``engine.name`` before anything is loaded, for the launcher and the dry run alike
+    (vLLM importable, the model's architecture mapped; the hf engine needs nothing more): the lines it passed."""
+    if cfg.engine.name != "vllm":
+        return []
+    from esopt_mp.engine.vllm import preflight
+
+    preflight(cfg)
+    return ["engine: vllm importable, the model's architecture mapped"]
 
 
 def build_weights(cfg, dims, path: str, *, work_passes: float, cache_warm: bool):

@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 
-from esopt_mp.build import OBJECTIVE_KINDS
+from esopt_mp.build import OBJECTIVE_KINDS, check_engine
 from esopt_mp.core.errors import StartupError
 from esopt_mp.runfiles import check_no_links
 
@@ -178,14 +178,10 @@ def dry_run(cfg, world_size: int) -> list[str]:
         from esopt_mp.trackers import check_can_start
 
         lines.append(check_can_start(cfg.run.loggers, cfg.run.dir))
-    if cfg.engine.name == "vllm":
-        from esopt_mp.engine.vllm import preflight
-
-        try:
-            preflight(cfg)
-        except (ValueError, RuntimeError, OSError) as e:
-            raise StartupError(str(e)) from None
-        lines.append("engine: vllm importable, the model's architecture mapped")
+    try:
+        lines += check_engine(cfg)
+    except (ValueError, RuntimeError, OSError) as e:
+        raise StartupError(str(e)) from None
     kind = OBJECTIVE_KINDS[cfg.objective.name]  # the objective's own checks and tasks, as the build reads them
     lines += kind.check(cfg)
     if kind.tasks is not None:

@@ -113,6 +113,7 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.parallel.collectives import lost_peer
     from esopt_mp.runfiles import RunFileError
     from esopt_mp.runner import build_trainer, run
+    from esopt_mp.build import check_engine
     from esopt_mp.startup import check_start, dry_run
 
     launch = discover()
@@ -124,10 +125,7 @@ def main(hcfg: DictConfig) -> None:
             if launch.rank == 0:
                 print("\n".join(["dry run: every start-up check passed", *(f"  {line}" for line in report)]))
             return
-        if cfg.engine.name == "vllm":
-            from esopt_mp.engine.vllm import preflight
-
-            preflight(cfg)
+        check_engine(cfg)  # engine=vllm: importable here, the model's architecture mapped
         check_start(cfg)  # run.dir writable, the model directory, the data files
     except (ValueError, RuntimeError, OSError) as e:  # bad config / engine=vllm cannot run here: one line
         print(f"error: {e}", file=sys.stderr)

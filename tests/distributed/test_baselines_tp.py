@@ -13,7 +13,6 @@ import torch
 
 from esopt_mp.parallel.local_world import run_world
 
-pytestmark = pytest.mark.slow
 TINY = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent"))
 
 

@@ -8,7 +8,6 @@ import torch
 from esopt_mp.parallel.local_world import run_world
 from tests.distributed import collective_workers
 
-pytestmark = pytest.mark.slow
 PARALLEL_DIR = os.path.join("esopt_mp", "parallel") + os.sep
 
 

@@ -7,11 +7,9 @@ import json
 import os
 import threading
 
-import pytest
 
 from esopt_mp.parallel.local_world import run_world
 
-pytestmark = pytest.mark.slow
 AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "esopt_mp", "assets", "tiny_agent")
 
 

@@ -1,14 +1,12 @@
 """es.noise=lowrank is layout-invariant: the same weights bit for bit at dp x tp = 1x1, 1x2 and 2x2 (a return that
 depends only on the member's seed, so any difference is the noise's or the update's), column- and row-parallel
 shards regenerating exactly their rows of A and B."""
-import pytest
 import torch
 
 from esopt_mp.models import build_tiny_qwen35
 from esopt_mp.parallel.local_world import run_world
 from tests.distributed import workers
 
-pytestmark = pytest.mark.slow
 LAYOUTS = [(1, 1), (1, 2), (2, 2)]  # (dp, tp)
 
 

@@ -7,7 +7,6 @@ from esopt_mp.models import build_tiny_qwen35
 from tests.distributed import workers
 from esopt_mp.parallel.local_world import run_world
 
-pytestmark = pytest.mark.slow
 LAYOUTS = [(1, 1), (1, 2), (2, 1), (2, 2)]  # (dp, tp)
 STEPS = 2  # the second step starts from weights the first moved: what differs between layouts then compounds
 

@@ -3,12 +3,9 @@ trajectories) takes the same decisions as at dp=1: same context versions, progra
 import json
 import os
 
-import pytest
 import torch
 
 from esopt_mp.parallel.local_world import run_world
-
-pytestmark = pytest.mark.slow
 
 
 def _worker(rank, world, dp, run_dir, out):

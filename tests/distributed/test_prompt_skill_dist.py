@@ -9,8 +9,6 @@ import torch
 
 from esopt_mp.parallel.local_world import run_world
 
-pytestmark = pytest.mark.slow
-
 
 def _worker(rank, world, dp, tp, run_dir, out):
     import esopt_mp.agent.skill_hooks as skill

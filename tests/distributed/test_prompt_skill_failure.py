@@ -10,7 +10,6 @@ import torch
 
 from esopt_mp.parallel.local_world import run_world
 
-pytestmark = pytest.mark.slow
 BROKEN = "tokenizer: cannot encode the proposer prompt"
 
 

@@ -14,8 +14,6 @@ import torch
 from esopt_mp.parallel.local_world import free_port, run_world
 from tests.unit.prompt.test_prompt_skill import reply_json
 
-pytestmark = pytest.mark.slow
-
 
 def canned(prompt: str) -> str:
     """Edits that depend on the batch (the members it shows) and the skill it was shown."""

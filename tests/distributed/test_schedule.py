@@ -6,7 +6,6 @@ from esopt_mp.models import build_tiny_qwen35
 from tests.distributed import workers
 from esopt_mp.parallel.local_world import run_world
 
-pytestmark = pytest.mark.slow
 STEPS = 2
 RUNS = (("dynamic", "snapshot"), ("dynamic", "subtract"), ("static", "snapshot"))
 

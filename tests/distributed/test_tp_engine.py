@@ -8,12 +8,9 @@ for a message until the collective timeout."""
 import json
 import time
 
-import pytest
 import torch
 
 from esopt_mp.parallel.local_world import run_world
-
-pytestmark = pytest.mark.slow
 
 
 class FakeEngine:

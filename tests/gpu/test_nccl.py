@@ -7,7 +7,7 @@ import torch
 from esopt_mp.parallel.local_world import run_world
 from tests.distributed import collective_workers, workers
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = pytest.mark.slow  # gpu: the folder's
 NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_2 = pytest.mark.skipif(NGPU < 2, reason=f"dp x tp over NCCL needs >= 2 GPUs, found {NGPU}")
 

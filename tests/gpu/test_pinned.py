@@ -5,7 +5,6 @@ import torch
 from esopt_mp.es import Perturber
 from esopt_mp.es.shard import LocalShard, ShardInfo
 
-pytestmark = pytest.mark.gpu
 # torch.cuda.host_memory_stats(): the caching host allocator's bytes handed out now (its "allocated" bytes would
 # not grow when a block an earlier test freed is handed out again)
 ACTIVE = "active_bytes.current"

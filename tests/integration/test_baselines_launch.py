@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHORT = ["es.steps=2", "algo.tasks_per_step=2", "algo.generations=2", "env.n_eval=2", "env.max_turns=2",
          "run.eval_every=0"]

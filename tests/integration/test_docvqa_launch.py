@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tesseract") is None, reason=(
+pytestmark = [pytest.mark.skipif(shutil.which("tesseract") is None, reason=(
     "tesseract not installed (apt-get install tesseract-ocr fonts-dejavu-core)"))]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -16,7 +16,6 @@ import pytest
 
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # a harness whose episodes wait on a slow "site" (0.3 s): steps long enough to lose a node in, at little CPU
 CFG = ["objective=harness", "objective.callable=tests.fixtures.harnesses:slow", "es.population=4", "es.steps=14",

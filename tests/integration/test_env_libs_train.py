@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHORT = ["es.population=2", "es.steps=2", "env.n_train=8", "env.n_eval=4", "env.episodes_per_step=2",
          "run.eval_every=0", "run.checkpoint_every=0"]

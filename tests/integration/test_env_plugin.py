@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "esopt_env_example")
 SHORT = ["es.population=2", "es.steps=2", "env.n_train=8", "env.n_eval=2", "env.episodes_per_step=2",

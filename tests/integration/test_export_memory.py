@@ -2,12 +2,9 @@
 import json
 import os
 
-import pytest
 
 from esopt_mp.models import build_tiny_qwen35, checkpoint_keys
 from tools.bench_export import measure
-
-pytestmark = pytest.mark.slow
 
 
 def test_export_peak_host_memory_stays_well_below_the_model(tmp_path):

@@ -17,7 +17,6 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
 for _mod in ("gguf", "accelerate"):
     if importlib.util.find_spec(_mod) is None:
         pytest.skip(f"the gguf extra is not installed ({_mod}): pip install 'esopt_mp[gguf]'", allow_module_level=True)

@@ -12,7 +12,6 @@ import zipfile
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "--shape tiny --batch 2 --turns 1 --new-tokens 4 --members 2"
 

@@ -14,7 +14,6 @@ import torch
 
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHORT = ["objective=harness", "es.population=4", "es.steps=2", "es.sigma.kind=constant", "env.episodes_per_step=2",
          "env.n_eval=2", "engine.max_new_tokens=8", "run.eval_every=0"]

@@ -11,7 +11,6 @@ import pytest
 
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHORT = ["model=tiny", "objective=target_logprob", "es.population=4", "es.steps=2", "objective.batch=2"]
 AGENT_SHORT = ["es.population=4", "es.steps=2", "env.episodes_per_step=2", "env.n_eval=4", "env.max_turns=2",

@@ -19,7 +19,6 @@ import torch
 
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CFG = ["model=tiny", "objective=target_logprob", "es.population=4", "es.steps=2", "objective.batch=2",
        "parallel.dp=2", "run.export=true"]

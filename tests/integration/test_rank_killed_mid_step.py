@@ -26,7 +26,6 @@ import pytest
 
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, KILL_IN = 5, 2  # rank 1 is killed during step KILL_IN (0-based): the steps before it are in the ledger
 # a harness whose episodes wait on a slow "site" (0.3 s), and that hangs on rank 1 once (ESOPT_TEST_STALL)

@@ -8,12 +8,10 @@ with the reason, without the gguf extra or SmolLM2's package. The model is conve
 use (``ESOPT_MODEL_CACHE``, else ~/.cache/esopt_mp/models; about 30 s the first time).
 """
 
-import pytest
 import torch
 
 from tests.fixtures.inprocess import build_trainer, ledger_entries, skip_without_smollm2, weights
 
-pytestmark = pytest.mark.slow
 skip_without_smollm2()
 
 STEPS = 3

@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 from esopt_mp.checkpoint import checkpoint_steps
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["model=tiny", "objective=target_logprob", "es.population=4", "es.steps=6", "objective.batch=2", "run.checkpoint_every=2", "run.export=true"]
 

@@ -2,12 +2,9 @@
 checkpoint write inside its writer group on an error path (spawned gloo worlds)."""
 import os
 
-import pytest
 import torch
 
 from esopt_mp.parallel.local_world import run_world
-
-pytestmark = pytest.mark.slow
 
 
 def test_a_read_failure_on_one_rank_fails_every_rank_with_the_same_line(tmp_path):

@@ -6,9 +6,7 @@ import os
 import subprocess
 import sys
 
-import pytest
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHORT = ["model=tiny", "objective=target_logprob", "es.population=2", "es.steps=2", "objective.batch=2"]
 

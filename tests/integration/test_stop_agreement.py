@@ -7,12 +7,10 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from esopt_mp.checkpoint_export import read_checkpoint
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6  # the signal comes after step 1: room for the stop and a rerun that goes on
 ARGS = ["model=tiny", "objective=target_logprob", "es.population=4", f"es.steps={STEPS}", "objective.batch=2",

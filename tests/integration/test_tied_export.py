@@ -11,7 +11,6 @@ from esopt_mp.parallel import ParallelDims
 from esopt_mp.parallel.local_world import run_world
 from tests.integration import export_workers as W
 
-pytestmark = pytest.mark.slow
 VARIANTS = {f"{arch}_{'tied' if tie else 'untied'}": (arch, tie)
             for arch in ("qwen3", "qwen3_5") for tie in (False, True)}
 

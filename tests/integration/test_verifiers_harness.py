@@ -14,7 +14,6 @@ import pytest
 vf = pytest.importorskip("verifiers.v1", reason="verifiers is not installed: pip install 'esopt_mp[verifiers]'")
 reasoning_gym = pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (the example's tasks)")
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
 TASKSET = {"id": "vf_reasoning_gym", "dataset": "basic_arithmetic", "size": 8}

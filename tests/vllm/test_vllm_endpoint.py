@@ -9,7 +9,6 @@ import pytest
 
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["engine=vllm", "model=tiny", "model.tiny.arch=qwen3", "model.tiny.head_dim=32", "engine.kv_cache_gib=0.25",
         "objective=harness", "objective.callable=scripted_harness:play", "es.population=2", "es.steps=2",

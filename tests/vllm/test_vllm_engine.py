@@ -8,8 +8,6 @@ import pytest
 from esopt_mp.parallel.local_world import run_world
 from tests.vllm.workers import build_test_model, dp_groups_generate_independently, engine_agreement
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):

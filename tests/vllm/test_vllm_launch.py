@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 
 from esopt_mp.parallel.local_world import free_port
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["engine=vllm", "model=tiny", "model.tiny.arch=qwen3", "model.tiny.head_dim=32", "es.steps=2",
         "es.population=4", "es.weight_decay=0.05", "env.episodes_per_step=2", "env.n_eval=2", "engine.kv_cache_gib=0.25",

@@ -18,11 +18,9 @@ TIE_TOL of its own (different CPU kernels: fp32 sums in another order over 30 la
 import json
 import os
 
-import pytest
 
 from tests.fixtures.inprocess import skip_without_smollm2
 
-pytestmark = pytest.mark.slow
 skip_without_smollm2()
 
 NAME = "pypi:smollm2-135m-instruct"

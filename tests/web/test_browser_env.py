@@ -20,7 +20,6 @@ from esopt_mp.envs.web.env import close_all
 from tests.web.conftest import SITES
 from tests.web.scripted import ScriptedEngine
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CFG = WebConfig(settle_s=0.0, step_timeout_s=20.0)
 
 

@@ -4,9 +4,7 @@ import os
 import subprocess
 import sys
 
-import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

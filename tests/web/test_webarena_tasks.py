@@ -10,7 +10,6 @@ from esopt_mp.envs.web import tasks as wt
 from esopt_mp.envs.web.config import WebConfig
 from tools.webarena_tasks import main
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CFG = WebConfig(settle_s=0.0, step_timeout_s=20.0)
 # id: (site, correct answer) -- references from test_webarena_lite.raw.json (must_include / exact_match)
 CASES = {4: "Impulse Duffle, Overnight Duffle, Hawkeye Yoga Short-32-Blue", 23: "Rachel and T. Gannon",

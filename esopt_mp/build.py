@@ -7,7 +7,7 @@
 - :func:`build_engine`: the rollout engine on an hf model; :func:`check_engine`: what a start checks of it.
 - :data:`OBJECTIVE_KINDS`: what each ``objective.name`` builds, which tasks it plays and what its dry run checks;
   the objective kind is dispatched here and nowhere else (how an episodic kind plays, in process or against a
-  served member, is ``objectives.IN_PROCESS`` / ``SERVED``, which the config's checks read).
+  served member, is ``objectives.IN_PROCESS`` / ``SERVED``, which the config's checks and the run identity read).
 """
 from __future__ import annotations
 

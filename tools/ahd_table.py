@@ -122,7 +122,7 @@ def paper(args) -> dict:
 def main() -> None:
     from esopt_mp.envs import ahd
 
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", nargs="+", default=ahd.known(), choices=ahd.known())
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--steps", type=int, default=3)

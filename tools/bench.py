@@ -173,7 +173,8 @@ def section_memory(a) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             out = a.memprof_out or tmp
             cmd = [sys.executable, script, "--shape", a.memprof_shape, "--out", out]
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.memprof_timeout)
+            env = {k: v for k, v in os.environ.items() if k != "ESOPT_PROG"}  # the child is memprof, not esopt bench
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.memprof_timeout, env=env)
             try:  # a failed profile still leaves the others' report (its "errors" say which)
                 rep = _memprof_report(proc.stdout, out)
             except RuntimeError:

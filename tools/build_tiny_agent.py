@@ -39,7 +39,7 @@ def held_out_success(model, tok, tasks, max_turns: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--mask-count", type=int, default=3)

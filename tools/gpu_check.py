@@ -277,7 +277,7 @@ def _error(e: BaseException) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default=None, help="Qwen3.5 shape (default: 4b on CUDA, tiny32 on CPU)")
     ap.add_argument("--engines", default="hf,vllm", help="comma-separated, of hf and vllm (default: both)")
     ap.add_argument("--batch", type=int, default=16)

@@ -187,7 +187,7 @@ def table() -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true")
     args = ap.parse_args(argv)
     from esopt_mp.models.presets import qwen35_config

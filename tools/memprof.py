@@ -55,8 +55,7 @@ COMMON = ("Same weights, batch, prompts and generated tokens in every profile (b
 
 
 def _args(argv=None):
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"),
-                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="0.4b", help="tiny | 0.4b | 4b | 9b | 27b")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (launch with torchrun, one per rank)")
     ap.add_argument("--out", default="memprof_out")

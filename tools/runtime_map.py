@@ -10,12 +10,11 @@ piece, prefixed with its tp rank (``--json``: one JSON object per rank).
 from __future__ import annotations
 
 import argparse
-import os
 import json
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="HF checkpoint directory")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dtype", default="float32")

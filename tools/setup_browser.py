@@ -69,7 +69,7 @@ def _see_parent_env(python: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", help="create/extend this venv (--system-site-packages) with the BrowserGym packages")
     ap.add_argument("--root", default=None, help="where the browser link and nltk data go (default ~/.cache/esopt_mp/web)")
     ap.add_argument("--no-apt", action="store_true", help="do not apt-get install chromium-headless-shell")

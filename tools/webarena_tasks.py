@@ -36,8 +36,7 @@ def run_env_config(overrides: list[str]):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"),
-                                 description="WebArena-Lite task sets and the site preflight")
+    ap = argparse.ArgumentParser(description="WebArena-Lite task sets and the site preflight")
     ap.add_argument("--split", default="all", choices=("all", "train", "heldout"))
     ap.add_argument("--ids", type=int, nargs="*", default=[])
     ap.add_argument("--answer-only", action="store_true")

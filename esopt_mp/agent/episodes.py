@@ -266,7 +266,8 @@ class AgentObjective:
             # operator equally often, +-1) and shifted by the step (an operator the step has too few slots for runs
             # at later steps); both members of a mirrored pair play the same slots and contexts (operator and
             # parents), their token sampling differs as any two members' does (unless env.common_draws)
-            ks = [member.step + member.pair * len(t) + e for e in range(len(t))]
+            pair = member.pair if member.pair >= 0 else member.index
+            ks = [member.step + pair * len(t) + e for e in range(len(t))]
             tasks += t
             seeds += sd
             slots += ks

@@ -15,7 +15,7 @@ class Member:
     index: int
     seed: int
     sign: int
-    pair: int  # mirrored sampling: index // 2 (both signs of one seed share it); else the index
+    pair: int = -1  # mirrored sampling: index // 2 (both signs of one seed share it); -1: the index
 
 
 @dataclasses.dataclass

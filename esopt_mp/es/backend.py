@@ -8,16 +8,18 @@
 - ``auto`` (default): triton on CUDA when Triton imports (else eager); on CPU ``compile`` when the noise the run
   will generate on the device repays the compiler's one-time cost, else ``eager``.
 
-The CPU decision is on the work, not the shard size, and in elements, not seconds: compiling repays when the
-noise the run will generate saves more eager time than the compile costs. Both sides scale with the machine's speed
-(a machine twice as fast runs the eager kernel and the compiler about twice as fast), so the break-even point is a
-number of elements, measured once (bench_noise, 2 CPU cores: eager ~30 M elements/s on a small agent's tensors,
-compiled ~5.3x that, the compile ~20 s with an empty inductor cache and ~4 s when its on-disk cache holds the kernel):
-about 7e8 elements cold and 1.5e8 warm. A 494k-parameter agent trained for 40 steps at G=16 regenerates its noise
-~1,300 times (6e8 elements): compiled when the cache is warm (:func:`esopt_mp.es.philox.get_kernel` keeps it in
-``$XDG_CACHE_HOME/esopt_mp/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise), eager in a fresh one.
-Without a work estimate (a caller that does not know the run), compile from :data:`AUTO_COMPILE_MIN_ELEMS` local
-elements on.
+The CPU decision is on the work, not the shard size, and in elements, not seconds: compiling repays when the noise
+the run will generate saves more eager time than the compile costs. Taken to first order, both sides scale with the
+machine's speed (a core twice as fast runs the eager kernel and the compiler about twice as fast), so the break-even
+point is a number of elements, measured once (bench_noise, 2 CPU cores: eager ~30 M elements/s on a small agent's
+tensors, compiled ~5.3x that, the compile ~20 s with an empty inductor cache and ~4 s when its on-disk cache holds
+the kernel): about 7e8 elements cold and 1.5e8 warm. A 494k-parameter agent trained for 40 steps at G=16 regenerates
+its noise ~1,300 times (6e8 elements): compiled when the cache is warm (:func:`esopt_mp.es.philox.get_kernel` keeps
+it in ``$XDG_CACHE_HOME/esopt_mp/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise), eager in a fresh
+one. Not measured elsewhere: on many cores the eager kernel gains from torch's threads while the compile, mostly
+serial, does not, so the true break-even is higher there and ``auto`` compiles somewhat early (``es.noise_backend``
+or ``ESOPT_NOISE_BACKEND`` sets the backend). Without a work estimate (a caller that does not know the run), compile
+from :data:`AUTO_COMPILE_MIN_ELEMS` local elements on.
 """
 from __future__ import annotations
 

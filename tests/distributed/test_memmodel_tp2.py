@@ -22,7 +22,6 @@ def shard_worker(rank: int, world: int, path: str, out: str) -> None:
         json.dump(local, f)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_shard_bytes_equal_a_real_tp2_load(tmp_path, tied):
     from esopt_mp.parallel.local_world import run_world

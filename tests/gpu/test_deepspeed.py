@@ -9,7 +9,7 @@ import torch
 from esopt_mp.parallel.local_world import free_port
 from tests.integration.test_baselines_launch import ROOT, SHORT
 
-pytestmark = pytest.mark.slow  # gpu: the folder's
+pytestmark = [pytest.mark.process, pytest.mark.slow]  # it starts processes (gpu: the folder's)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

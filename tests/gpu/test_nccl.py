@@ -1,5 +1,4 @@
 """On CUDA with NCCL: the dp x tp invariance check, the TP channel and every collective on the rank's GPU."""
-import os
 
 import pytest
 import torch
@@ -7,7 +6,7 @@ import torch
 from esopt_mp.parallel.local_world import run_world
 from tests.distributed import collective_workers, workers
 
-pytestmark = pytest.mark.slow  # gpu: the folder's
+pytestmark = [pytest.mark.process, pytest.mark.slow]  # they start processes (gpu: the folder's)
 NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_2 = pytest.mark.skipif(NGPU < 2, reason=f"dp x tp over NCCL needs >= 2 GPUs, found {NGPU}")
 

@@ -5,14 +5,14 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 pytest.importorskip("triton", reason="triton not installed (pip install 'esopt_mp[triton]')")
 
 from tests.unit.es.test_triton_noise import ROOT  # noqa: E402
 
+pytestmark = [pytest.mark.process, pytest.mark.slow]  # it starts a process (gpu: the folder's)
 
-@pytest.mark.gpu
+
 def test_cuda_kernels_equal_torch_reference_on_cuda():
     """Compiled kernels (a fresh process: no interpreter) vs the eager torch path on the same GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

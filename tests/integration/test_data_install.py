@@ -4,12 +4,10 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from tests.unit.test_data import PKG_DATA, ROOT
 
 
-@pytest.mark.slow
 def test_non_editable_install_contains_the_data(tmp_path):
     """`pip install .` (not editable) carries every data file; the installed copy resolves them from anywhere."""
     target = tmp_path / "site"

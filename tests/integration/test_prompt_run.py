@@ -194,7 +194,6 @@ def test_sigma_zero_step_updates_nothing_and_replays(tmp_path, fake_env):
     assert all(torch.equal(rep[k], w1[k]) for k in rep)
 
 
-@pytest.mark.slow
 def test_ahd_table_runs_at_equal_budget(tmp_path, monkeypatch, capsys):
     """The table script end to end on the tiny agent: four methods, equal counted budgets, a markdown table."""
     from tools import ahd_table

@@ -33,3 +33,18 @@ def test_core_imports_nothing_of_esopt_mp():
             mods = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
             mods += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
             assert not [m for m in mods if m.startswith("esopt_mp")], f
+
+
+def test_a_members_old_home_still_answers_with_a_notice():
+    """``esopt_mp.es.seeds.Member`` (its home before core/types.py) is the same class, with a one-line notice, and
+    a member built the old way (no ``pair``) still builds (pair -1: its index)."""
+    import pytest
+
+    import esopt_mp.es.seeds as seeds
+    from esopt_mp.core.types import Member
+
+    with pytest.warns(DeprecationWarning, match="esopt_mp.es.seeds.Member is now esopt_mp.core.types.Member"):
+        old = seeds.Member
+    assert old is Member and old(0, 3, 5, 1).pair == -1
+    with pytest.raises(AttributeError):
+        seeds.NotAName  # noqa: B018

@@ -41,7 +41,7 @@ import torch
 from esopt_mp.dcp_boxes import box_state_dict, metadata_from_json, metadata_to_json
 from esopt_mp.identity import file_sha256
 from esopt_mp.ledger import LEDGER, Ledger, LedgerError
-from esopt_mp.parallel.collectives import first_failure
+from esopt_mp.parallel.collectives import failed_on, first_failure
 from esopt_mp.runfiles import fresh_dir, fsync_dir, open_run_file, run_subdir
 
 log = logging.getLogger(__name__)
@@ -252,9 +252,8 @@ class Checkpointer:
             if self.dims.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             rank, line, n = found
-            where = f"rank {rank}" + (f" and {n - 1} other rank{'s' if n > 2 else ''}" if n > 1 else "")
-            raise CheckpointError(f"the checkpoint of step {step} was not written ({where}: {line}); the ledger "
-                                  "holds every step, a rerun resumes from an older checkpoint")
+            raise CheckpointError(f"the checkpoint of step {step} was not written ({failed_on(rank, n)}: {line}); the "
+                                  "ledger holds every step, a rerun resumes from an older checkpoint")
         return final
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from esopt_mp.checkpoint import (CHUNKS, CheckpointError, CheckpointMismatch, Ch
 from esopt_mp.dcp_boxes import JsonMetadataReader, box_state_dict, check_coverage
 from esopt_mp.identity import diff_identity
 from esopt_mp.ledger import LedgerError, updates_digest
-from esopt_mp.parallel.collectives import first_failure
+from esopt_mp.parallel.collectives import failed_on, first_failure
 
 log = logging.getLogger(__name__)
 __all__ = ["agree_on_failure", "check_identity", "load_checkpoint_", "replay_", "restore_run_"]
@@ -78,10 +78,9 @@ def agree_on_failure(dims, error: Exception | None, what: str) -> None:
     if found is None:
         return
     rank, (name, msg), n = found
-    others = f" (and {n - 1} other rank{'s' if n > 2 else ''})" if n > 1 else ""
     cls = {c.__name__: c for c in (CheckpointError, CheckpointReadError, CheckpointMismatch, LedgerError)}.get(
         name, RuntimeError)
-    raise cls(f"{what} failed on rank {rank}{others}: {msg}") from error
+    raise cls(f"{what} failed on {failed_on(rank, n)}: {msg}") from error
 
 
 def replay_(perturber, entries: list[dict], exact_restore: bool | None = None) -> None:

@@ -177,6 +177,11 @@ def first_failure(dims: ParallelDims, line: str | tuple | None) -> tuple[int, ob
     return (failed[0][0], failed[0][1], len(failed)) if failed else None
 
 
+def failed_on(rank: int, n: int) -> str:
+    """Where :func:`first_failure` found a failure, in words: ``rank 1``, ``rank 1 (and 2 other ranks)``."""
+    return f"rank {rank}" + (f" (and {n - 1} other rank{'s' if n > 2 else ''})" if n > 1 else "")
+
+
 def gather_returns(local: dict[int, float], population: int, dims: ParallelDims) -> np.ndarray:
     """All G returns on every rank, from each dp group's TP leader, in one all-gather.
 

@@ -3,7 +3,8 @@
 The TP leader of each group owns tasks and environments; its peers hold the other shards of the same model and
 must run the same sharded forward passes. :class:`TPEngine` wraps any :class:`~esopt_mp.engine.base.Engine` and
 sends the peers what they need from inside ``new_conversation`` / ``generate``: the batch's conversation seeds
-(``("new", seeds)``, sent before its first generation; ``("add", seeds)`` for conversations that join it later),
+and member slots (``("new", seeds, members)``, sent before its first generation; ``("add", seeds, members)`` for
+conversations that join it later),
 each generation's rows, new token ids and caps (``("gen", live, ids, caps)``), and after each generation a checksum
 of the sampled tokens (a mismatch raises on every rank).
 Callers wrap everything that generates in :meth:`TPEngine.lead`: the leader runs it while its peers follow until it
@@ -62,8 +63,8 @@ class TPEngine:
         self.is_leader = not self.chan.on or dims.tp_rank == 0
         self.followed: list[list[int]] = []  # a peer's last follow: the token ids of every conversation it held
         self._batch: list = []  # the leader's conversations of the batch the peers hold (or will get)
-        self._seeds: list[int] | None = None  # their seeds, while not yet sent
-        self._joined: list[int] = []  # seeds of conversations joining the batch already sent, while not yet sent
+        self._seeds: list[tuple[int, int]] | None = None  # their (seed, member slot), while not yet sent
+        self._joined: list[tuple[int, int]] = []  # those of conversations joining the batch already sent, not yet sent
         self._depth = 0  # nested lead() calls on the leader: only the outermost ends the follow
         self._exposed = False  # the peers are inside a generation with the leader: releasing them is unsafe
 
@@ -89,20 +90,18 @@ class TPEngine:
     # ------------------------------------------------------------------ leader
     def new_conversation(self, cid: int, seed: int, join: bool = False, member: int = -1):
         """``join``: the conversation joins the batch the peers hold instead of starting the next one (a server
-        opens conversations while the others go on); ``member``: its member slot (es.member_batch, tp = 1)."""
-        if member != -1 and self.chan.on:  # the start-up check refuses es.member_batch at tp > 1 before this
-            raise ValueError("es.member_batch runs at parallel.tp=1: a tp peer would not know each row's member")
-        conv = self.inner.new_conversation(cid, seed, member=member) if member != -1 else \
-            self.inner.new_conversation(cid, seed)
+        opens conversations while the others go on); ``member``: its member slot (es.member_batch), which the peers
+        are sent too: their rows must add the same member's terms."""
+        conv = _open(self.inner, cid, seed, member)
         if self.chan.on:
             if join and self._seeds is None and self._batch:
                 self._batch.append(conv)
-                self._joined.append(seed)
+                self._joined.append((seed, member))
                 return conv
             if self._seeds is None:  # the batch the peers hold was sent: this conversation starts the next one
                 self._batch, self._seeds = [], []
             self._batch.append(conv)
-            self._seeds.append(seed)
+            self._seeds.append((seed, member))
         return conv
 
     def generate(self, convs: list, new_ids: list[list[int]], params: SamplingParams,
@@ -124,10 +123,10 @@ class TPEngine:
 
     def _send_batch(self) -> None:
         if self._seeds is not None:
-            self.chan.send(("new", self._seeds))
+            self.chan.send(("new", [s for s, _ in self._seeds], [m for _, m in self._seeds]))
             self._seeds = None
         if self._joined:
-            self.chan.send(("add", self._joined))
+            self.chan.send(("add", [s for s, _ in self._joined], [m for _, m in self._joined]))
             self._joined = []
 
     def lead(self, fn: Callable[[], T], sampling: SamplingParams, default=None) -> T:
@@ -167,9 +166,9 @@ class TPEngine:
             msg = self.chan.recv()
             if msg[0] == "new":
                 done += [list(c.ids) for c in convs]
-                convs = [self.inner.new_conversation(i, s) for i, s in enumerate(msg[1])]
+                convs = [_open(self.inner, i, s, m) for i, (s, m) in enumerate(zip(msg[1], msg[2]))]
             elif msg[0] == "add":
-                convs += [self.inner.new_conversation(len(convs) + i, s) for i, s in enumerate(msg[1])]
+                convs += [_open(self.inner, len(convs) + i, s, m) for i, (s, m) in enumerate(zip(msg[1], msg[2]))]
             elif msg[0] == "gen":
                 _, live, ids, caps = msg
                 self.chan.verify(generate_capped(self.inner, [convs[i] for i in live], ids, sampling, caps))
@@ -178,6 +177,12 @@ class TPEngine:
                 return self.followed
             else:
                 raise RuntimeError(f"unknown message from the tp leader: {msg[0]!r}")
+
+
+def _open(engine: Engine, cid: int, seed: int, member: int):
+    """``engine``'s new conversation, of member slot ``member`` when one is set (engines without member batches
+    take no slot)."""
+    return engine.new_conversation(cid, seed, member=member) if member != -1 else engine.new_conversation(cid, seed)
 
 
 def replicated(engine: Engine, dims=None) -> TPEngine:

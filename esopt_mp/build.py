@@ -145,14 +145,14 @@ def build_player(cfg, dims, engine, *, fixed_task: bool = False):
                          fixed_task=fixed_task)
 
 
-def _build_harness(cfg, dims, path, *, model, engine, tokenizer) -> Built:
+def _build_harness(cfg, dims, path, *, model, engine, tokenizer, members=None) -> Built:
     """An hf engine on the model (or ``engine``, vllm's), served by an endpoint on each TP leader while a member
     is evaluated; the harness plays against it (esopt_mp/agent/harness.py)."""
     from esopt_mp.agent.harness import build_harness
     from esopt_mp.runfiles import trajectories_file
 
     tokenizer = build_tokenizer(path, tokenizer)
-    engine = engine or build_engine(cfg, model, tokenizer)
+    engine = engine or build_engine(cfg, model, tokenizer, members)
     objective = build_harness(cfg, engine, dims, trajectories_file(cfg, dims.rank))
     return Built(objective, objective.player.engine, None, tokenizer)
 

@@ -228,9 +228,9 @@ class TrainConfig:
               f"DeepSpeed ZeRO shards over data parallelism only; use parallel.tp=1, got tp={p.tp}")
             return self
         if self.es.member_batch:
-            check(self.engine.name == "hf" and self.objective.in_process, "es.member_batch",
-                  f"members in one batch run in the hf engine's agent loop, got engine={self.engine.name}, "
-                  f"objective={self.objective.name}")
+            check(self.engine.name == "hf" and (self.objective.in_process or self.objective.served),
+                  "es.member_batch", f"members in one batch run in the hf engine's episodes (the agent loop, or a "
+                  f"harness served by the endpoint), got engine={self.engine.name}, objective={self.objective.name}")
         check(self.es.population >= p.dp, "es.population",
                f"population {self.es.population} is smaller than parallel.dp={p.dp}: some dp groups would idle")
         return self

@@ -92,50 +92,69 @@ class HarnessPlayer(EpisodeTally):
         """The step's training tasks, drawn from the run's ``tasks`` stream (the same for every member)."""
         return draw_step_tasks(self.train_tasks, self.run_seed, step, self.cfg.episodes_per_step)
 
-    def play(self, tasks, seeds, sampling: SamplingParams, slots=None, **tags) -> list[Episode]:
+    def play(self, tasks, seeds, sampling: SamplingParams, slots=None, members=None, **tags) -> list[Episode]:
         """One harness run per task against the member served meanwhile (its conversation j=0 sampling with
-        ``seeds[i]``); on TP peers [] after following the leader's generations."""
-        return self.engine.lead(lambda: self._play(tasks, seeds, sampling, slots, tags), sampling, default=[])
+        ``seeds[i]``); on TP peers [] after following the leader's generations. ``members``: each episode's member
+        slot when several members play at once (es.member_batch; ``tags["member"]``: their indices): each is
+        served under its own model id, all in one batch."""
+        return self.engine.lead(lambda: self._play(tasks, seeds, sampling, slots, members, tags), sampling,
+                                default=[])
 
-    def _play(self, tasks, seeds, sampling, slots, tags) -> list[Episode]:
-        model = (f"member-{tags['step']}-{tags['member']}" if tags.get("kind") == "train"
-                 else f"{tags.get('kind', 'eval')}-{tags.get('round', 0)}")
+    def _play(self, tasks, seeds, sampling, slots, members, tags) -> list[Episode]:
+        if members is not None:
+            models = [f"member-{tags['step']}-{tags['member'][s]}" for s in members]
+        else:
+            models = [f"member-{tags['step']}-{tags['member']}" if tags.get("kind") == "train"
+                      else f"{tags.get('kind', 'eval')}-{tags.get('round', 0)}"] * len(tasks)
         slots = list(range(len(tasks))) if slots is None else list(slots)
         records: list = [None] * len(tasks)  # each episode's requests: those of its last attempt, the one counted
         never_called = []  # per attempt: None if any of its episodes called the endpoint, else why none did
 
         def attempt(idx):
             eps, reqs, never = self._attempt([tasks[i] for i in idx], [seeds[i] for i in idx], sampling,
-                                             [slots[i] for i in idx], model)
+                                             [slots[i] for i in idx], [models[i] for i in idx], members is not None)
             for i, r in zip(idx, reqs):
                 records[i] = r
             never_called.append(never)
             return eps
 
-        eps = self.play_retrying(attempt, len(tasks), tags.get("kind"))
+        groups = None if members is None else \
+            [[i for i, m in enumerate(models) if m == g] for g in dict.fromkeys(models)]
+        eps = self.play_retrying(attempt, len(tasks), tags.get("kind"), groups)
         # the harness calls its endpoint if any attempt did (a site down at the start may fail a whole first one)
         self.never_called = None if None in never_called else never_called[0]
         if self.traj_path:
-            write_requests(self.traj_path, eps, records, **tags)
+            for group in groups or [list(range(len(eps)))]:  # a member's episodes under its own index
+                member = {} if members is None else {"member": tags["member"][members[group[0]]]}
+                write_requests(self.traj_path, [eps[i] for i in group], [records[i] for i in group],
+                               **{**tags, **member})
         self.tally(eps, tags.get("kind"))
         return eps
 
-    def _attempt(self, tasks, seeds, sampling, slots, model) -> tuple[list[Episode], list[list], str | None]:
-        """One harness run per task against the member served as ``model``: (its episodes, their requests, why none
-        called the endpoint or None)."""
+    def _attempt(self, tasks, seeds, sampling, slots, models, batched=False
+                 ) -> tuple[list[Episode], list[list], str | None]:
+        """One harness run per task against the member served as ``models[k]`` (``batched``: the members of
+        es.member_batch, each at its slot, served at once): (the episodes, their requests, why none called the
+        endpoint or None)."""
         o = self.obj
-        with self.server.member(model, list(seeds), sampling) as m:
-            urls = [m.routes[k].base_url for k in range(len(tasks))]
-            pool = HarnessPool([self._job(u, model, t) for u, t in zip(urls, tasks)], o.concurrency, o.timeout_s,
-                               o.failure_return).start()
+        names = list(dict.fromkeys(models))
+        specs = [(name, [sd for sd, m in zip(seeds, models) if m == name]) for name in names]
+        serving = self.server.members(specs, sampling) if batched else self.server.member(*specs[0], sampling)
+        with serving as opened:
+            group = opened if batched else [opened]
+            served = {name: iter(m.routes) for name, m in zip(names, group)}
+            routes = [next(served[m]) for m in models]  # each member's routes, in its episodes' order
+            urls = [r.base_url for r in routes]
+            pool = HarnessPool([self._job(u, m, t) for u, m, t in zip(urls, models, tasks)], o.concurrency,
+                               o.timeout_s, o.failure_return).start()
             try:
-                m.serve(self.engine, live=pool.live, until=pool.done)
+                group[0].serve(self.engine, live=pool.live, until=pool.done)
             except BaseException:
                 pool.cancel()
                 raise
             pool.wait()
-            records = [list(m.routes[k].records) for k in range(len(tasks))]
-            calls = [_count(m.routes[k].calls) for k in range(len(tasks))]
+            records = [list(r.records) for r in routes]
+            calls = [_count(r.calls) for r in routes]
         eps = []
         for k, (task, out) in enumerate(zip(tasks, pool.outcomes)):
             if not calls[k] and out.failure != "wall_clock":  # the model had no part in it
@@ -145,9 +164,10 @@ class HarnessPlayer(EpisodeTally):
                          failure=out.failure, floor=o.failure_return, seconds=out.seconds)
             eps.append(ep)
             if out.failure:
-                log.warning("episode %s of %s failed (%s): %s", ep.id, model, out.failure, out.error)
+                log.warning("episode %s of %s failed (%s): %s", ep.id, models[k], out.failure, out.error)
         never_called = None if any(calls) or not tasks else (
-            f"{self.form}: none of the {len(tasks)} episodes of {model} got a reply from the endpoint it was given "
+            f"{self.form}: none of the {len(tasks)} episodes of {', '.join(names)} got a reply from the endpoint it "
+            f"was given "
             f"(e.g. {urls[0]}): " + (f"the first episode: {eps[0].error}" if any(records) else
                                      "no request for this member reached it; send the harness's chat requests to "
                                      "that base URL, naming the model it was given "
@@ -192,6 +212,25 @@ class HarnessObjective:
         self._check_called()
         total, n = return_total(eps)
         return total / n if n else math.nan
+
+    def evaluate_members(self, members: list, batched: bool = False) -> dict[int, float]:
+        """Each member's mean return (:meth:`evaluate_member`); ``batched``: all of them served at once, member
+        ``members[s]`` at slot s of the engine's members (es.member_batch: the weights are not perturbed)."""
+        if not batched:
+            return {m.index: self.evaluate_member(m) for m in members}
+        p = self.player
+        tasks, seeds, which = [], [], []
+        for s, member in enumerate(members):
+            t, sd = p.member_episodes(member)
+            tasks, seeds, which = tasks + t, seeds + sd, which + [s] * len(t)
+        eps = p.play(tasks, seeds, p.train_cfg, members=which, kind="train", step=members[0].step,
+                     member=[m.index for m in members])
+        self._check_called()
+        out = {}
+        for s, member in enumerate(members):  # a TP peer played nothing: NaN, the leader's returns reach it
+            total, n = return_total([e for e, w in zip(eps, which) if w == s])
+            out[member.index] = total / n if n else math.nan
+        return out
 
     def evaluate_held_out(self) -> tuple[float, dict]:
         """(Mean@k, its details) of the unperturbed weights on every rank (:meth:`HeldOut.evaluate`)."""

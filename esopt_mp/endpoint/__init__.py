@@ -1,4 +1,5 @@
-"""An OpenAI-compatible endpoint serving one ES member at a time, so an agent program plays it over HTTP."""
+"""An OpenAI-compatible endpoint serving ES members (one at a time, or a batch of low-rank members at once), so an
+agent program plays them over HTTP."""
 from esopt_mp.lazy import lazy_exports
 
 _EXPORTS = {

@@ -33,6 +33,7 @@ class Pending:
     arrived: float
     deliver: Callable[[object], None]  # called once: a Turn, or an error the HTTP side turns into its response
     ids: list[int] | None = None  # this turn's new token ids, tokenised when it was submitted (None: not yet)
+    member: int = -1  # its member's slot in the engine (es.member_batch), -1: the engine's weights as they are
 
 
 @dataclasses.dataclass
@@ -49,7 +50,8 @@ class Turn:
 
 
 class Batcher:
-    """Waiting requests of one member; every method but :func:`generate` runs under ``cond``."""
+    """Waiting requests of one member, or of the members served at once; every method but :func:`generate` runs
+    under ``cond``."""
 
     def __init__(self, cond: threading.Condition, window_s: float, episodes: int):
         self.cond, self.window_s, self.episodes = cond, window_s, episodes
@@ -75,8 +77,10 @@ class Batcher:
             return poll_s
         return max(0.0, min(poll_s, min(p.arrived for p in self.pending) + self.window_s - now))
 
-    def drain(self) -> list[Pending]:
-        out, self.pending = self.pending, []
+    def drain(self, member: int | None = None) -> list[Pending]:
+        """The waiting requests (of member slot ``member`` only, when given), taken out."""
+        out = [p for p in self.pending if member is None or p.member == member]
+        self.pending = [p for p in self.pending if not (member is None or p.member == member)]
         return out
 
 
@@ -149,7 +153,8 @@ def generate(engine, batch: list[Pending], sampling: SamplingParams, parser: str
             out[k] = too_long(n0 + len(ids), limit)
             continue
         if p.fresh:
-            t.conv = engine.new_conversation(next_cid(), t.seed, join=True)
+            t.conv = engine.new_conversation(next_cid(), t.seed, join=True, **(
+                {"member": p.member} if p.member != -1 else {}))
         convs.append(t.conv)
         new_ids.append(ids)
         before.append(n0)

@@ -1,8 +1,11 @@
-"""The endpoint: one member at a time served OpenAI-style on FastAPI + uvicorn (a daemon thread, no signals).
+"""The endpoint: members served OpenAI-style on FastAPI + uvicorn (a daemon thread, no signals).
 
 Requests are answered only while their member is being served: :meth:`EndpointServer.member` opens the gate for
 one model id and closing it (its weights are about to be restored) refuses every waiting and later request with
-an OpenAI ``model_not_found`` error; no request is ever answered by other weights. The gate check and the enqueue
+an OpenAI ``model_not_found`` error; no request is ever answered by other weights. :meth:`EndpointServer.members`
+serves several members at once, each under its own model id and routes, their requests generated in one batch
+whose rows carry each member's slot (es.member_batch: the engine adds each row's member's low-rank terms, the
+weights are never perturbed). The gate check and the enqueue
 happen under the member's lock, which closing takes too. Generation runs on the thread that calls
 :meth:`Member.serve` (the TP leader's, inside ``TPEngine.lead``); a request is tokenised before it is queued, on a
 worker thread: short ones on a few threads, long ones (over :data:`LONG_BYTES`) one at a time on another, so a
@@ -46,18 +49,27 @@ class Route:
 
 
 class Member:
-    """One member's gate, routes and waiting requests (made by :meth:`EndpointServer.member`)."""
+    """One member's gate, routes and waiting requests (made by :meth:`EndpointServer.member` or, several sharing one
+    batcher, by :meth:`EndpointServer.members`).
 
-    def __init__(self, server: "EndpointServer", model_id: str, seeds: list[int], sampling: SamplingParams):
-        self.server, self.model_id, self.sampling = server, model_id, sampling
+    ``slot``: its member slot in the engine (-1: the engine's weights as they are); ``first``: its routes' first
+    episode index in the batcher it shares (``shared``: that batcher's condition and batcher), so the batcher counts
+    every member's episodes."""
+
+    def __init__(self, server: "EndpointServer", model_id: str, seeds: list[int], sampling: SamplingParams,
+                 slot: int = -1, first: int = 0, shared: tuple[threading.Condition, Batcher] | None = None):
+        self.server, self.model_id, self.sampling, self.slot = server, model_id, sampling, slot
         base = server.url
-        self.routes = [Route(k, secrets.token_urlsafe(12), f"{base}/e/{{}}/v1", s) for k, s in enumerate(seeds)]
+        self.routes = [Route(first + k, secrets.token_urlsafe(12), f"{base}/e/{{}}/v1", s)
+                       for k, s in enumerate(seeds)]
         for r in self.routes:
             r.base_url = r.base_url.format(r.token)
-        shared_seed = seeds[0] if seeds else 0  # the plain /v1 routes: conversations of their own stream
-        self.shared = Route(len(seeds), "", f"{base}/v1", shared_seed ^ 0x5EED)
-        self.cond = threading.Condition()
-        self.batcher = Batcher(self.cond, server.cfg.batch_window_s, len(seeds))
+        self.cond, self.batcher = shared or (threading.Condition(), None)
+        if self.batcher is None:
+            self.batcher = Batcher(self.cond, server.cfg.batch_window_s, len(seeds))
+        shared_seed = seeds[0] if seeds else 0  # the plain /v1 routes: conversations of their own stream, counted
+        self.shared = Route(self.batcher.episodes, "", f"{base}/v1", shared_seed ^ 0x5EED)  # after every episode
+        self.group = [self]  # the members sharing this batcher (serve() generates for all of them)
         self.closed = False
         self.limit: int | None = None  # the engine's context, once serve() has it (a request is checked against it)
         self._cid = 0
@@ -86,7 +98,7 @@ class Member:
                 deliver(result)
 
             p = Pending(route.index, thread, req["messages"], new, fresh, tools, parse, request_cap(req),
-                        time.perf_counter(), done)
+                        time.perf_counter(), done, member=self.slot)
             n0 = 0 if fresh else len(thread.conv.ids)
         tok = self.server.tokenizer
         try:
@@ -107,7 +119,8 @@ class Member:
         return self._cid
 
     def serve(self, engine, live=None, until=None, poll_s: float = 0.05) -> None:
-        """Generate this member's requests on the calling thread until ``until()`` is true.
+        """Generate this member's requests (and those of the members sharing its batcher) on the calling thread until
+        ``until()`` is true.
 
         ``live()``: how many episodes are running (a batch waits, at most ``batch_window_s``, for a request of
         each); ``engine``: the member's (a :class:`~esopt_mp.engine.tp.TPEngine` at tp > 1: call this inside its
@@ -115,7 +128,8 @@ class Member:
         if until is None:
             raise TypeError("Member.serve needs until=: a callable saying when the member's episodes are done")
         engine = replicated(engine)
-        self.limit = getattr(engine, "max_context", None)
+        for m in self.group:
+            m.limit = getattr(engine, "max_context", None)
         while True:
             done, n = until(), (live() if live is not None else 0)
             with self.cond:
@@ -142,7 +156,7 @@ class Member:
         """Refuse what waits; the conversations keep their token ids and let the engine's state (KV) go."""
         with self.cond:
             self.closed = True
-            for p in self.batcher.drain():
+            for p in self.batcher.drain(self.slot):
                 p.deliver(not_served(self.model_id, ENDED))
             for r in self.routes + [self.shared]:
                 for t in r.sessions.threads:
@@ -164,7 +178,7 @@ class EndpointServer:
         self.token_bound = token_bound(tokenizer) if tokenizer is not None else None
         self._pools: tuple[concurrent.futures.ThreadPoolExecutor, ...] = ()  # (short requests, long ones)
         self._lock = threading.Lock()
-        self._member: Member | None = None
+        self._members: dict[str, Member] = {}  # model id -> the member served under it
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()  # token or id -> model id
         self._uv = self._thread = None
 
@@ -218,8 +232,7 @@ class EndpointServer:
         return self
 
     def close(self) -> None:
-        m = self._member
-        if m is not None:
+        for m in list(self._members.values()):
             self._end(m)
         if self._uv is not None:
             self._uv.should_exit = True
@@ -239,23 +252,45 @@ class EndpointServer:
     @contextlib.contextmanager
     def member(self, model_id: str, seeds: list[int], sampling: SamplingParams):
         """Serve ``model_id`` (episode k samples its first conversation with ``seeds[k]``) until the block ends."""
+        with self.members([(model_id, seeds)], sampling, slots=False) as ms:
+            yield ms[0]
+
+    @contextlib.contextmanager
+    def members(self, specs: list[tuple[str, list[int]]], sampling: SamplingParams, slots: bool = True):
+        """Serve every ``(model_id, seeds)`` of ``specs`` at once until the block ends: one batcher, so that
+        ``serve`` on any of them generates all their requests in one batch; ``slots``: member i plays slot i of the
+        engine's members (es.member_batch), else the engine's weights as they are (one member only)."""
         if not self.url:
             raise RuntimeError("EndpointServer.member before start()")
-        m = Member(self, model_id, list(seeds), sampling)
+        if len({model_id for model_id, _ in specs}) != len(specs):
+            raise ValueError(f"members served at once need distinct model ids, got {[m for m, _ in specs]}")
+        if not slots and len(specs) != 1:
+            raise ValueError("several members served at once need member slots (es.member_batch)")
+        cond = threading.Condition()
+        batcher = Batcher(cond, self.cfg.batch_window_s, sum(len(s) for _, s in specs))
+        group, first = [], 0
+        for i, (model_id, seeds) in enumerate(specs):
+            group.append(Member(self, model_id, list(seeds), sampling, i if slots else -1, first, (cond, batcher)))
+            first += len(seeds)
+        for m in group:
+            m.group = group
         with self._lock:
-            if self._member is not None:
-                raise RuntimeError(f"member {model_id!r} opened while {self._member.model_id!r} is being served")
-            self._member = m
-            self._ended.pop(model_id, None)
+            if self._members:
+                raise RuntimeError(f"{[m.model_id for m in group]} opened while {list(self._members)} "
+                                   f"{'is' if len(self._members) == 1 else 'are'} being served")
+            for m in group:
+                self._members[m.model_id] = m
+                self._ended.pop(m.model_id, None)
         try:
-            yield m
+            yield group
         finally:
-            self._end(m)
+            for m in group:
+                self._end(m)
 
     def _end(self, m: Member) -> None:
         with self._lock:
-            if self._member is m:
-                self._member = None
+            if self._members.get(m.model_id) is m:
+                del self._members[m.model_id]
             for key in [m.model_id] + [r.token for r in m.routes]:
                 self._ended[key] = m.model_id
             while len(self._ended) > 4096:
@@ -265,13 +300,20 @@ class EndpointServer:
     def resolve(self, token: str | None, model: str | None) -> tuple[Member, Route]:
         """The member and route a request reaches, or :class:`RequestError` (404 model_not_found)."""
         with self._lock:
-            m = self._member
             if token is not None:
-                route = next((r for r in m.routes if r.token == token), None) if m is not None else None
+                m, route = next(((m, r) for m in self._members.values() for r in m.routes if r.token == token),
+                                (None, None))
                 if route is None:
                     raise not_served(model or self._ended.get(token, "?"), ENDED if token in self._ended else
-                                     "this route is not an episode of the member being served")
+                                     "this route is not an episode of a member being served")
+            elif len(self._members) > 1:  # the plain routes name their member
+                m = self._members.get(model)
+                if m is None:
+                    raise not_served(model or "?", ENDED if model in self._ended else
+                                     f"this endpoint serves {sorted(self._members)}: name one as the model")
+                route = m.shared
             else:
+                m = next(iter(self._members.values()), None)
                 route = m.shared if m is not None else None
             if m is None:
                 raise not_served(model or "?", ENDED if model in self._ended else "no member is being served")
@@ -322,7 +364,7 @@ class EndpointServer:
             return models_list([m.model_id])["data"][0]
         if token is None:
             with self._lock:
-                return models_list([self._member.model_id] if self._member is not None else [])
+                return models_list(list(self._members))
         m, _ = self.resolve(token, None)
         return models_list([m.model_id])
 

@@ -195,3 +195,26 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, not yet reaped
     except FileNotFoundError:
         return False
+
+
+def test_members_served_at_once_play_what_they_play_in_turn(tmp_path):
+    """es.member_batch with a harness: a step's four members served at once by one endpoint, each under its own model
+    id, their requests in one batch with each row's member terms; the same replies, returns and weights as the same
+    low-rank members served one after another with their weights perturbed in place."""
+    from safetensors.torch import load_file
+
+    args = [*SHORT, SCRIPTED, "es.noise=lowrank", "es.rank=1", "es.sigma.start=0.05", "run.export=true"]
+    turn, batch = tmp_path / "turn", tmp_path / "batch"
+    _ok(_run(args, turn))
+    _ok(_run([*args, "es.member_batch=true"], batch))
+    a, b = _ledger(turn), _ledger(batch)
+    assert len(a) == len(b) == 2 and len({r for row in a for r in row["returns"]}) > 1
+    # greedy replies: the batch's logits differ from the in-place ones by rounding, far below a chosen token's lead
+    assert [row["returns"] for row in a] == [row["returns"] for row in b]
+
+    def replies(d):
+        return sorted((r["step"], r["member"], r["id"], [q["reply"]["content"] for q in r["requests"]])
+                      for r in _rows(d, "train"))
+    assert replies(turn) == replies(batch)
+    wa, wb = (load_file(str(d / "export" / "model.safetensors")) for d in (turn, batch))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

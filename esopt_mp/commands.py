@@ -39,6 +39,7 @@ BENCHMARKS = {
     "rollout": ("tools/bench_rollout.py", "the engine's tokens/s vs model.generate"),
     "endpoint": ("tools/bench_endpoint.py", "tokens/s through the OpenAI-compatible endpoint vs in process"),
     "engines": ("tools/bench_engines.py", "the hf and vLLM engines side by side"),
+    "decode": ("tools/bench_decode.py", "decode tokens/s against the memory-bandwidth bound of the weights"),
     "checkpoint": ("tools/bench_checkpoint.py", "checkpoint save and load speed"),
     "export": ("tools/bench_export.py", "peak memory of an export"),
     "threads": ("tools/bench_threads.py", "ES step time beside a busy process, per OpenMP wait policy"),

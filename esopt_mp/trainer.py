@@ -294,6 +294,8 @@ class ESTrainer:
         except StartupError:
             raise
         except Exception as e:
+            if self.dims.tp > 1:
+                raise  # a peer may be waiting inside a collective: fail loudly rather than hang
             log.exception("the batch of members %s of step %d failed; their returns count as NaN",
                           [m.index for m in members], members[0].step)
             self.health.note_error(f"members {[m.index for m in members]}: {type(e).__name__}: {e}")
@@ -353,6 +355,8 @@ class ESTrainer:
             self.objective.close()
         if getattr(self, "engine", None) is not None:  # vllm: shut down before the launcher's process groups go
             self.engine.close()
+        if getattr(self, "members", None) is not None:  # es.member_batch: the model's own forwards back
+            self.members.close()
         self.metrics.close()
         self.model = None
         self.perturber = None

@@ -112,7 +112,8 @@ class HarnessPlayer(EpisodeTally):
 
         def attempt(idx):
             eps, reqs, never = self._attempt([tasks[i] for i in idx], [seeds[i] for i in idx], sampling,
-                                             [slots[i] for i in idx], [models[i] for i in idx], members is not None)
+                                             [slots[i] for i in idx], [models[i] for i in idx],
+                                             None if members is None else [members[i] for i in idx])
             for i, r in zip(idx, reqs):
                 records[i] = r
             never_called.append(never)
@@ -131,15 +132,17 @@ class HarnessPlayer(EpisodeTally):
         self.tally(eps, tags.get("kind"))
         return eps
 
-    def _attempt(self, tasks, seeds, sampling, slots, models, batched=False
+    def _attempt(self, tasks, seeds, sampling, slots, models, members=None
                  ) -> tuple[list[Episode], list[list], str | None]:
-        """One harness run per task against the member served as ``models[k]`` (``batched``: the members of
-        es.member_batch, each at its slot, served at once): (the episodes, their requests, why none called the
-        endpoint or None)."""
+        """One harness run per task against the member served as ``models[k]`` (``members[k]``: its slot of the
+        engine's members under es.member_batch, all served at once; a retry may hold only some of them): (the
+        episodes, their requests, why none called the endpoint or None)."""
         o = self.obj
         names = list(dict.fromkeys(models))
-        specs = [(name, [sd for sd, m in zip(seeds, models) if m == name]) for name in names]
-        serving = self.server.members(specs, sampling) if batched else self.server.member(*specs[0], sampling)
+        own = [[k for k, m in enumerate(models) if m == name] for name in names]
+        batched = members is not None
+        serving = self.server.members([(name, [seeds[k] for k in ks], members[ks[0]]) for name, ks in zip(
+            names, own)], sampling) if batched else self.server.member(names[0], list(seeds), sampling)
         with serving as opened:
             group = opened if batched else [opened]
             served = {name: iter(m.routes) for name, m in zip(names, group)}

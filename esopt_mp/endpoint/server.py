@@ -68,7 +68,8 @@ class Member:
         if self.batcher is None:
             self.batcher = Batcher(self.cond, server.cfg.batch_window_s, len(seeds))
         shared_seed = seeds[0] if seeds else 0  # the plain /v1 routes: conversations of their own stream, counted
-        self.shared = Route(self.batcher.episodes, "", f"{base}/v1", shared_seed ^ 0x5EED)  # after every episode
+        # after every episode of the batcher, one per member
+        self.shared = Route(self.batcher.episodes + max(slot, 0), "", f"{base}/v1", shared_seed ^ 0x5EED)
         self.group = [self]  # the members sharing this batcher (serve() generates for all of them)
         self.closed = False
         self.limit: int | None = None  # the engine's context, once serve() has it (a request is checked against it)
@@ -133,7 +134,7 @@ class Member:
         while True:
             done, n = until(), (live() if live is not None else 0)
             with self.cond:
-                if done or self.closed:
+                if done or all(m.closed for m in self.group):
                     return
                 batch = self.batcher.take(n, time.perf_counter())
                 if batch is None:
@@ -252,25 +253,27 @@ class EndpointServer:
     @contextlib.contextmanager
     def member(self, model_id: str, seeds: list[int], sampling: SamplingParams):
         """Serve ``model_id`` (episode k samples its first conversation with ``seeds[k]``) until the block ends."""
-        with self.members([(model_id, seeds)], sampling, slots=False) as ms:
+        with self.members([(model_id, seeds, -1)], sampling) as ms:
             yield ms[0]
 
     @contextlib.contextmanager
-    def members(self, specs: list[tuple[str, list[int]]], sampling: SamplingParams, slots: bool = True):
-        """Serve every ``(model_id, seeds)`` of ``specs`` at once until the block ends: one batcher, so that
-        ``serve`` on any of them generates all their requests in one batch; ``slots``: member i plays slot i of the
-        engine's members (es.member_batch), else the engine's weights as they are (one member only)."""
+    def members(self, specs: list[tuple[str, list[int], int]], sampling: SamplingParams):
+        """Serve every ``(model_id, seeds, slot)`` of ``specs`` at once until the block ends: one batcher, so that
+        ``serve`` on any of them generates all their requests in one batch; ``slot``: the member's slot in the
+        engine's members (es.member_batch), -1 for the engine's weights as they are (then the only member)."""
         if not self.url:
             raise RuntimeError("EndpointServer.member before start()")
-        if len({model_id for model_id, _ in specs}) != len(specs):
-            raise ValueError(f"members served at once need distinct model ids, got {[m for m, _ in specs]}")
-        if not slots and len(specs) != 1:
-            raise ValueError("several members served at once need member slots (es.member_batch)")
+        if len({model_id for model_id, _, _ in specs}) != len(specs):
+            raise ValueError(f"members served at once need distinct model ids, got {[m for m, _, _ in specs]}")
+        slots = [slot for _, _, slot in specs]
+        if len(specs) != 1 and (min(slots) < 0 or len(set(slots)) != len(slots)):
+            raise ValueError(f"several members served at once need distinct member slots (es.member_batch), got "
+                             f"{slots}")
         cond = threading.Condition()
-        batcher = Batcher(cond, self.cfg.batch_window_s, sum(len(s) for _, s in specs))
+        batcher = Batcher(cond, self.cfg.batch_window_s, sum(len(s) for _, s, _ in specs))
         group, first = [], 0
-        for i, (model_id, seeds) in enumerate(specs):
-            group.append(Member(self, model_id, list(seeds), sampling, i if slots else -1, first, (cond, batcher)))
+        for model_id, seeds, slot in specs:
+            group.append(Member(self, model_id, list(seeds), sampling, slot, first, (cond, batcher)))
             first += len(seeds)
         for m in group:
             m.group = group

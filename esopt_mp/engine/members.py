@@ -37,18 +37,21 @@ def _local(w: torch.Tensor) -> torch.Tensor:
     return w.to_local() if hasattr(w, "to_local") else w
 
 
-def _tp_forward_cell(mod: torch.nn.Module):
+def _tp_forward_cell(name: str, mod: torch.nn.Module):
     """The closure cell holding the local forward that transformers' tensor parallelism wraps (its installed forward
     prepares the input, runs that local forward, then reduces or gathers the output), or None for a module it did
-    not wrap."""
-    f = mod.__dict__.get("forward")
-    if f is None:
+    not wrap (at tp = 1 every module: a forward hook sees what it needs there)."""
+    if not getattr(mod, "_is_hooked", False) and not hasattr(mod.weight, "to_local"):
         return None
+    f = mod.__dict__.get("forward")
     code = getattr(f, "__code__", None)
     if code is None or "original_forward" not in code.co_freevars:
-        raise ValueError(f"es.member_batch: {type(mod).__name__}'s forward is replaced by {f!r}, which this version "
-                         f"of esopt_mp cannot enter to add the members' terms before its reduction; use "
-                         f"parallel.tp=1 or es.member_batch=false")
+        import transformers
+
+        raise ValueError(f"es.member_batch at parallel.tp > 1: the forward of {name} is not the tensor-parallel "
+                         f"forward of the transformers esopt_mp knows (installed: {transformers.__version__}, "
+                         f"tested: 5.25), so the members' terms cannot join its partial sums; use parallel.tp=1 or "
+                         f"es.member_batch=false")
     return f.__closure__[code.co_freevars.index("original_forward")]
 
 
@@ -61,13 +64,20 @@ class MemberLinears:
         self.weights = weights
         by_tensor = {s.tensor.data_ptr(): k for k, s in enumerate(weights.shards) if weights.kinds[k] == "lowrank"}
         self.modules: dict[torch.nn.Module, tuple[int, bool]] = {}  # module -> (shard, its factors are the whole's)
-        for mod in model.modules():
+        cells = {}  # linear -> the cell of its local forward inside transformers' TP forward (tp > 1)
+        for name, mod in model.named_modules():
             w = getattr(mod, "weight", None)
             if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)) and w is not None \
                     and _local(w).data_ptr() in by_tensor:
                 k = by_tensor[_local(w).data_ptr()]
                 whole = isinstance(mod, torch.nn.Embedding) and not weights.shards[k].info.is_full
                 self.modules[mod] = (k, whole)
+                cell = None if isinstance(mod, torch.nn.Embedding) else _tp_forward_cell(name, mod)
+                if cell is None and isinstance(mod, torch.nn.Linear) and not weights.shards[k].info.is_full:
+                    raise ValueError(f"es.member_batch: {name} is sharded but has no tensor-parallel forward to add "
+                                     f"the members' terms in; use parallel.tp=1 or es.member_batch=false")
+                if cell is not None:
+                    cells[mod] = cell
         missing = [weights.shards[k].info.name for k in set(by_tensor.values()) - {k for k, _ in self.modules.values()}]
         if missing:
             raise ValueError(f"es.member_batch: {len(missing)} low-rank matrices are not the weight of an nn.Linear "
@@ -78,16 +88,14 @@ class MemberLinears:
         self._b: dict[tuple[int, bool], torch.Tensor] = {}  # (shard, whole) -> [rows of B, G r]
         self._c: torch.Tensor | None = None  # [G] coefficients sign_i sigma / sqrt(r)
         self._mask: torch.Tensor | None = None  # [R, G r]: c_i on the r columns of each row's member, else 0
+        self._masks: dict = {}
         whole = sorted({k for k, w in self.modules.values() if w})
         self._whole = (whole, lowrank.FactorBank(
             [ShardInfo.full(weights.shards[k].info.name, weights.shards[k].info.global_shape) for k in whole],
             weights.rank, weights.shards[whole[0]].tensor.device)) if whole else None
         self._hooks, self._cells = [], []
-        for mod, key in self.modules.items():
-            cell = None if isinstance(mod, torch.nn.Embedding) else _tp_forward_cell(mod)
-            if cell is None and isinstance(mod, torch.nn.Linear) and not weights.shards[key[0]].info.is_full:
-                raise ValueError(f"es.member_batch: {weights.shards[key[0]].info.name} is sharded but its linear "
-                                 f"has no tensor-parallel forward to add the members' terms in")
+        for mod in self.modules:  # everything checked above: nothing is installed on a model that is then refused
+            cell = cells.get(mod)
             if cell is None:
                 self._hooks.append(mod.register_forward_hook(self._hook))
             else:  # inside transformers' TP forward: the local output, before its reduction or gather
@@ -106,7 +114,7 @@ class MemberLinears:
             self._a[k, whole] = torch.cat([a for a, _ in fs], 1).to(dt)
             self._b[k, whole] = torch.cat([b for _, b in fs], 1).to(dt)
         self._c = torch.tensor([g * sigma * lowrank.scale(r) for g in signs])
-        self.rows, self._mask = None, None
+        self.rows, self._mask, self._masks = None, None, {}
 
     def set_rows(self, members) -> None:
         """The member slot of each row of the next forwards' batch (-1: the base weights)."""
@@ -123,6 +131,7 @@ class MemberLinears:
         on = rows >= 0
         mask[on, rows[on]] = self._c[rows[on]][:, None]
         self._mask = mask.view(rows.numel(), g * r)
+        self._masks = {}  # the mask on each (device, dtype) the forwards ask for: copied once per batch of rows
 
     def _inside(self, mod, inner):
         def forward(*args, **kwargs):
@@ -141,7 +150,9 @@ class MemberLinears:
         key = self.modules[mod]
         if x.shape[0] != self.rows.numel():
             raise RuntimeError(f"a batch of {x.shape[0]} rows, {self.rows.numel()} member slots set")
-        mask = self._mask.to(device=out.device, dtype=out.dtype)
+        mask = self._masks.get((out.device, out.dtype))
+        if mask is None:
+            mask = self._masks[out.device, out.dtype] = self._mask.to(device=out.device, dtype=out.dtype)
         a, b = self._a[key], self._b[key]  # [rows of A, G r], [rows of B, G r]
         rows = x.shape[0]
         if isinstance(mod, torch.nn.Embedding):  # W[ids] + c A[ids] B^T (a scaled embedding scales it too)

@@ -1,8 +1,8 @@
 """Members in one batch at tp=2 (spawned gloo worlds): each row of a batched forward gives what its member's in-place
 perturbed weights give on the same sharded model, for every way transformers' plan shards a matrix -- column-parallel
 (q/k/v, gate/up), row-parallel (o_proj, down_proj: the term must join the partial sum before the layer's all-reduce,
-or it would be counted once per rank), a vocab-parallel embedding and a gathered lm_head, tied or not, a scaled
-embedding (Gemma-3) -- and equals tp=1's batch up to the reduction order; and a whole batched ES run on the embedded
+or it would be counted once per rank), biases, uneven shards, a vocab-parallel embedding and a gathered lm_head,
+tied or not, a scaled embedding (Gemma-3) -- and equals tp=1's batch up to the reduction order; and a whole batched ES run on the embedded
 default at tp=2 (the TP leader plays, its peer follows each conversation as the same member) ends where tp=1's does.
 
 The batched forward at tp=1: tests/unit/engine/test_members.py."""
@@ -23,9 +23,10 @@ def _tiny(path: str, arch: str) -> str:
     if arch == "llama_smollm2":  # SmolLM2's head layout (9 heads, 3 KV): attention replicated at tp=2; tied
         cfg = LlamaConfig(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
                           **small)
-    elif arch == "llama_even":  # heads divisible by 2: q/k/v column-, o_proj row-parallel; lm_head untied
+    elif arch == "llama_even":  # heads divisible by 2: q/k/v column-, o_proj row-parallel; lm_head untied; biases
+        # (a row-parallel bias is added once, after the reduction) and an MLP width tp=2 does not divide
         cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                          **small)
+                          attention_bias=True, mlp_bias=True, **{**small, "intermediate_size": 95})
     else:  # Gemma-3-270M's layout: a scaled, tied embedding; sliding and full attention layers
         cfg = Gemma3TextConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                                layer_types=["sliding_attention", "full_attention"], sliding_window=4,

@@ -11,7 +11,7 @@ from esopt_mp.endpoint.config import EndpointConfig
 from esopt_mp.endpoint.server import EndpointServer
 from tests.unit.endpoint.test_endpoint_server import AGENT, SAMPLING, FakeEngine, chat, httpx
 
-SPECS = [("member-3-0", [11, 12]), ("member-3-5", [21, 22])]
+SPECS = [("member-3-0", [11, 12], 0), ("member-3-5", [21, 22], 1)]
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,7 @@ def test_members_at_once_share_one_batch_each_row_its_slot(tokenizer):
                                                                                             "member-3-5"]
             plain = chat(f"{server.url}/v1", "member-3-5", msgs).json()
             assert plain["choices"][0]["message"]["content"].startswith("slot 1 ")
+            assert [m.shared.index for m in group] == [4, 5]  # after every episode, one per member: a fixed order
             other = chat(f"{server.url}/v1", "member-9-9", msgs)
             assert other.status_code == 404 and "name one as the model" in other.json()["error"]["message"]
             with pytest.raises(RuntimeError, match="being served"):
@@ -88,8 +89,8 @@ def test_members_at_once_share_one_batch_each_row_its_slot(tokenizer):
             r = chat(url, model, [{"role": "user", "content": "late"}])
             assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         with pytest.raises(ValueError, match="distinct model ids"):
-            with server.members([("a", [1]), ("a", [2])], SAMPLING):
+            with server.members([("a", [1], 0), ("a", [2], 1)], SAMPLING):
                 pass
-        with pytest.raises(ValueError, match="member slots"):
-            with server.members(SPECS, SAMPLING, slots=False):
+        with pytest.raises(ValueError, match="distinct member slots"):
+            with server.members([("a", [1], 0), ("b", [2], -1)], SAMPLING):
                 pass

@@ -58,11 +58,14 @@ def build_engine(cfg, model, tokenizer, members=None):
     return HFEngine(model, tokenizer, prefix_reuse=cfg.engine.prefix_reuse, members=members)
 
 
-def build_members(cfg, model, weights):
+def build_members(cfg, model, weights, engine=None):
     """``es.member_batch``: the hooks through which one batched generation plays every member of a dp group
-    (:class:`esopt_mp.engine.members.MemberLinears` on the hf model); otherwise None."""
+    (:class:`esopt_mp.engine.members.MemberLinears` on the hf model; vLLM's engine brings its adapters); otherwise
+    None."""
     if not cfg.es.member_batch:
         return None
+    if getattr(engine, "members", None) is not None:
+        return engine.members
     from esopt_mp.engine.members import MemberLinears
 
     return MemberLinears(model, weights)

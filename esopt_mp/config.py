@@ -228,8 +228,8 @@ class TrainConfig:
               f"DeepSpeed ZeRO shards over data parallelism only; use parallel.tp=1, got tp={p.tp}")
             return self
         if self.es.member_batch:
-            check(self.engine.name == "hf" and (self.objective.in_process or self.objective.served),
-                  "es.member_batch", f"members in one batch run in the hf engine's episodes (the agent loop, or a "
+            check(self.objective.in_process or (self.objective.served and self.engine.name == "hf"),
+                  "es.member_batch", f"members in one batch run in episodes (the agent loop, or with engine=hf a "
                   f"harness served by the endpoint), got engine={self.engine.name}, objective={self.objective.name}")
         check(self.es.population >= p.dp, "es.population",
                f"population {self.es.population} is smaller than parallel.dp={p.dp}: some dp groups would idle")

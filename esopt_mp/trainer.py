@@ -111,7 +111,7 @@ class ESTrainer:
         es = cfg.es
         self.shards = self.perturber.shards
         self._host_weights = any(s.tensor.device.type == "cpu" for s in self.shards)
-        self.members = build_members(cfg, self.model, self.perturber)  # es.member_batch: one batch per dp group
+        self.members = build_members(cfg, self.model, self.perturber, engine)  # es.member_batch: one batch per group
         built = build_objective(cfg, dims, path, model=self.model, engine=engine,
                                 tokenizer=getattr(engine, "tokenizer", None), members=self.members)
         # the episode engine (None: no episodes); the prompt optimiser's side (prompt.*)

@@ -127,8 +127,8 @@ def _turn_seed(seed: int, turn: int) -> int:
 
 
 class Conversation:
-    def __init__(self, cid: int, seed: int):
-        self.cid, self.seed, self.ids, self.turns = cid, seed, [], 0
+    def __init__(self, cid: int, seed: int, member: int = -1):
+        self.cid, self.seed, self.ids, self.turns, self.member = cid, seed, [], 0, member
 
 
 class VLLMEngine:
@@ -138,9 +138,11 @@ class VLLMEngine:
     (prefix caching is off, so vLLM prefills it; ``stats`` counts it).
     """
 
-    def __init__(self, llm, tokenizer, weights=None):
+    def __init__(self, llm, tokenizer, weights=None, members=None):
+        """``members``: a :class:`~esopt_mp.engine.vllm_members.VLLMMembers` (es.member_batch): a conversation of a
+        member slot is served with that member's adapter."""
         _, self._SamplingParams = import_vllm()
-        self.llm, self.tokenizer, self.weights = llm, tokenizer, weights
+        self.llm, self.tokenizer, self.weights, self.members = llm, tokenizer, weights, members
         self.eos = eos_ids(tokenizer)
         self.pad_id = pad_id(tokenizer)
         self.stats = EngineStats()
@@ -149,8 +151,10 @@ class VLLMEngine:
         except AttributeError:
             self.max_context = None
 
-    def new_conversation(self, cid: int, seed: int) -> Conversation:
-        return Conversation(cid, seed)
+    def new_conversation(self, cid: int, seed: int, member: int = -1) -> Conversation:
+        if member != -1 and self.members is None:
+            raise ValueError("a conversation for a member slot needs an engine built with members (es.member_batch)")
+        return Conversation(cid, seed, member)
 
     def _params(self, conv: Conversation, p, max_tokens: int):
         return self._SamplingParams(
@@ -170,7 +174,11 @@ class VLLMEngine:
         for conv, ids in zip(convs, new_ids):
             conv.ids.extend(ids)
             prompts.append({"prompt_token_ids": list(conv.ids)})
-        outs = self.llm.generate(prompts, [self._params(c, params, m) for c, m in zip(convs, caps)], use_tqdm=False)
+        lora = None  # every row its member's adapter once any row has one (a base row: the zero adapter)
+        if self.members is not None and any(c.member != -1 for c in convs):
+            lora = [self.members.request(c.member) for c in convs]
+        outs = self.llm.generate(prompts, [self._params(c, params, m) for c, m in zip(convs, caps)], use_tqdm=False,
+                                 lora_request=lora)
         dt = time.perf_counter() - t0
         results = []
         for conv, out in zip(convs, outs):
@@ -195,6 +203,8 @@ class VLLMEngine:
         self.llm = None
         if self.weights is not None:
             self.weights.llm = self.weights._local = None
+        if self.members is not None:
+            self.members.close()
 
     def _text(self, ids: list[int], params) -> str:
         return reply_text(self.tokenizer, self.eos, ids, params.stop)
@@ -274,6 +284,15 @@ def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int,
         kw["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
     else:
         kw["gpu_memory_utilization"] = engine_cfg.gpu_memory_utilization
+    members = None
+    if getattr(es_cfg, "member_batch", False):  # each member a LoRA adapter, all of a step's in one batch
+        from esopt_mp.engine.vllm_members import VLLMMembers, lowrank_matrices, max_lora_rank
+        from esopt_mp.models.loading import selected
+
+        shapes, tied = lowrank_matrices(model_path, lambda n: selected(n, es_cfg.include, es_cfg.exclude))
+        members = VLLMMembers(model_path, shapes, tied, es_cfg.rank)
+        kw.update(enable_lora=True, max_loras=es_cfg.population, max_cpu_loras=2 * es_cfg.population + 1,
+                  max_lora_rank=max_lora_rank(es_cfg.rank))
     if any(a.endswith("ForConditionalGeneration") for a in config.get("architectures") or []):
         kw["language_model_only"] = True  # a VLM checkpoint (the released Qwen3.5): the agent reads text only
     t0 = time.perf_counter()
@@ -293,4 +312,4 @@ def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int,
     from transformers import AutoTokenizer
 
     weights = VLLMWeights(llm)
-    return VLLMEngine(llm, AutoTokenizer.from_pretrained(model_path), weights), weights, summary
+    return VLLMEngine(llm, AutoTokenizer.from_pretrained(model_path), weights, members), weights, summary

@@ -157,6 +157,12 @@ def _alias_modules(model) -> list:
     return out
 
 
+def _live_parameters(model) -> dict:
+    """The served model's parameters by vLLM's module names: with LoRA enabled (es.member_batch) a layer's own
+    weight sits under ``base_layer``, which is dropped here."""
+    return {n.replace(".base_layer.", "."): p for n, p in model.named_parameters()}
+
+
 def _vllm_layout() -> dict:
     """This worker's place in vLLM's tensor-parallel group (checked against ParallelDims by the engine)."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
@@ -175,7 +181,7 @@ class ESWorkerExtension:
         index = checkpoint_index(path)
         shapes = {k: shape for k, (_, shape) in index.items()}
         pieces, runtime_shapes = probe_runtime_map(self.vllm_config, shapes)
-        live = dict(self.model_runner.model.named_parameters())
+        live = _live_parameters(self.model_runner.model)
         missing = sorted(set(runtime_shapes) - set(live))
         if missing:
             raise MappingError(f"runtime tensors {missing[:3]} of the probe are not in the served model")
@@ -276,7 +282,7 @@ class ESWorkerExtension:
         """
         st = self._esopt
         compared = differ = 0
-        now = dict(self.model_runner.model.named_parameters())  # a reload may have swapped Parameter objects
+        now = _live_parameters(self.model_runner.model)  # a reload may have swapped Parameter objects
         for n, t in st["tensors"].items():
             live = now[n]
             if tuple(live.shape) != tuple(t.shape):

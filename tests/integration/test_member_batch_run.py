@@ -67,6 +67,8 @@ def test_batched_members_resume_and_replay(tmp_path):
     (["es.member_batch=true"], "es.noise=lowrank"),
     (["es.noise=lowrank", "es.member_batch=true", "es.restore=subtract"], "es.restore=snapshot"),
     (["es.noise=lowrank", "es.member_batch=true", "objective=target_logprob", "model=tiny"], "objective=target_logprob"),
+    (["es.noise=lowrank", "es.member_batch=true", "objective=harness", "objective.callable=m:f", "engine=vllm"],
+     "engine=vllm, objective=harness"),
 ])
 def test_what_member_batch_needs_is_one_line(extra, line):
     from esopt_mp.config import ConfigError, build_config

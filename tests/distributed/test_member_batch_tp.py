@@ -46,6 +46,7 @@ def _forward_worker(rank: int, world: int, models: dict, out: str) -> None:
     from esopt_mp.es import Perturber, member_seed
     from esopt_mp.models import build_shards, load_model
     from esopt_mp.parallel import discover, init_distributed
+    from tests.unit.engine.test_members import inplace_rows
 
     dims = init_distributed(discover(), 1, world)
     seeds, signs = [member_seed(9, 0, i) for i in range(3)], [1, -1, 1]
@@ -55,13 +56,7 @@ def _forward_worker(rank: int, world: int, models: dict, out: str) -> None:
         shards = build_shards(model)
         p = Perturber(shards, noise="lowrank", rank=2)
         ids = torch.randint(0, model.config.vocab_size, (len(SLOTS), 7), generator=torch.Generator().manual_seed(0))
-        want = []
-        for row, slot in enumerate(SLOTS):  # the in-place path: perturb, forward, restore
-            if slot >= 0:
-                p.perturb(seeds[slot], SIGMA, signs[slot])
-            want.append(_logits(model, ids[row : row + 1]))
-            if slot >= 0:
-                p.restore()
+        want = inplace_rows(model, p, ids, SLOTS, seeds, signs, SIGMA)
         base = _logits(model, ids)
         single = torch.cat([_logits(model, ids[row : row + 1]) for row in range(len(SLOTS))])
         batch = MemberLinears(model, p)
@@ -71,7 +66,7 @@ def _forward_worker(rank: int, world: int, models: dict, out: str) -> None:
             got = _logits(model, ids)
         finally:
             batch.close()
-        result[name] = {"want": torch.cat(want), "got": got, "single": single, "base": base,
+        result[name] = {"want": want, "got": got, "single": single, "base": base,
                         "after": _logits(model, ids), "sharded": sorted(s.info.name for s in shards
                                                                        if not s.info.is_full)}
     if rank == 0:

@@ -31,19 +31,24 @@ def _logits(model, ids):
         return model(input_ids=ids).logits
 
 
+def inplace_rows(model, p, ids, slots, seeds, signs, sigma):
+    """Each row's logits from its own forward with its member perturbed in place (slot -1: the base weights)."""
+    want = []
+    for row, slot in enumerate(slots):  # the in-place path: perturb, forward, restore
+        if slot >= 0:
+            p.perturb(seeds[slot], sigma, signs[slot])
+        want.append(_logits(model, ids[row : row + 1]))
+        if slot >= 0:
+            p.restore()
+    return torch.cat(want)
+
+
 def test_each_row_plays_its_member(model):
     p = Perturber(build_shards(model), noise="lowrank", rank=2)
     torch.manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (4, 7))
     slots = [2, -1, 0, 1]
-    want = []
-    for row, slot in enumerate(slots):  # the in-place path: perturb, forward, restore
-        if slot >= 0:
-            p.perturb(SEEDS[slot], SIGMA, SIGNS[slot])
-        want.append(_logits(model, ids[row : row + 1]))
-        if slot >= 0:
-            p.restore()
-    want = torch.cat(want)
+    want = inplace_rows(model, p, ids, slots, SEEDS, SIGNS, SIGMA)
     base = _logits(model, ids)
     batch = MemberLinears(model, p)
     try:

@@ -101,6 +101,9 @@ class HarnessPlayer(EpisodeTally):
                                 default=[])
 
     def _play(self, tasks, seeds, sampling, slots, members, tags) -> list[Episode]:
+        if not tasks:  # a dp group with no share (fewer held-out episodes than groups) serves no member
+            self.never_called = None
+            return []
         if members is not None:
             models = [f"member-{tags['step']}-{tags['member'][s]}" for s in members]
         else:

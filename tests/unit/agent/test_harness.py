@@ -340,3 +340,14 @@ def test_a_returned_number_of_any_real_type_is_the_return_and_anything_else_the_
                        (decimal.Decimal("NaN"), "is not a finite number"), ("many", "is not a number")):
         out = as_return(value, -1.0, "its return")
         assert out.failure == "model" and out.ret == -1.0 and why in out.error and len(out.error) < 200, value
+
+
+def test_a_player_with_no_episodes_opens_no_member(tmp_path):
+    """A dp group whose share of the held-out episodes is empty (fewer episodes than groups) plays none and serves
+    no member, and a later evaluation with episodes is still checked for silence."""
+    from esopt_mp.engine.base import SamplingParams
+
+    p = player_of(harness_cfg(tmp_path), [["x"]] * 4)
+    assert p.play([], [], SamplingParams(), kind="eval", round=0) == []
+    assert p.play([], [], SamplingParams(), members=[], kind="train", step=0, member=[]) == []
+    assert p.server.members == [] and p.never_called is None

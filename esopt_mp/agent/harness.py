@@ -171,7 +171,7 @@ class HarnessPlayer(EpisodeTally):
             eps.append(ep)
             if out.failure:
                 log.warning("episode %s of %s failed (%s): %s", ep.id, models[k], out.failure, out.error)
-        never_called = None if any(calls) or not tasks else (
+        never_called = None if any(calls) else (
             f"{self.form}: none of the {len(tasks)} episodes of {', '.join(names)} got a reply from the endpoint it "
             f"was given "
             f"(e.g. {urls[0]}): " + (f"the first episode: {eps[0].error}" if any(records) else

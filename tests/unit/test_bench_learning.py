@@ -4,6 +4,7 @@ import json
 import pytest
 
 from tools import bench_learning as bl
+from tools.learning_tasks import SMOLLM2
 
 
 @pytest.mark.parametrize("episodes", [256, 512])
@@ -15,7 +16,7 @@ def test_every_method_plays_the_same_number_of_training_episodes(episodes):
         cfg = bl.compose(t["argv"])
         steps = cfg["es"]["steps"] if m == "es" else cfg["algo"]["steps"]
         assert steps == t["steps"] and steps * bl.per_step(m, cfg) == episodes
-        assert cfg["algo"]["name"] == m and cfg["model"]["path"] == bl.SMOLLM2
+        assert cfg["algo"]["name"] == m and cfg["model"]["path"] == SMOLLM2
         assert cfg["env"]["reasoning_gym"]["answer_format"] == "lenient"
 
 
@@ -39,7 +40,7 @@ def test_the_table_reports_the_mean_the_smallest_gain_and_whether_every_seed_ros
     assert t["es"]["mean_delta"] == pytest.approx(0.075) and t["es"]["min_delta"] == pytest.approx(0.05)
     assert t["es"]["every_seed_up"] and not t["grpo"]["every_seed_up"] and t["ppo"] == {"runs": 0}
     assert t["es"]["mean_update_norm"] == 2.0
-    png = bl.plot([{"task": "arith", "model": bl.SMOLLM2, "runs": runs}], str(tmp_path / "p.png"))
+    png = bl.plot([{"task": "arith", "model": SMOLLM2, "runs": runs}], str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 10_000 and png.endswith("p.png")
     json.dumps(t)  # the report is JSON
 
@@ -86,3 +87,23 @@ def test_a_resumed_run_s_start_is_its_first_evaluation_not_its_summary_s(tmp_pat
     got = bl.result("es", 0, str(tmp_path), 64, 5.0, 2 ** 30, None, "full")
     assert (got["before"], got["after"], got["delta"]) == (0.1, 0.5, 0.5 - 0.1)
     assert (got["return_before"], got["return_after"]) == (0.6, 0.9)
+
+
+@pytest.mark.parametrize("task", sorted(bl.TASKS))
+def test_every_task_plans_every_method_as_a_run_that_would_start(task):
+    """A planned run's config passes the checks a run makes (a profile's ES-only setting, such as common draws,
+    must not reach a baseline), every method gets the task's budget, and the defaults a group file leaves to
+    the dataclasses are filled in."""
+    needs = {"arith": "reasoning_gym", "gcd": "reasoning_gym", "letters": "reasoning_gym",
+             "products": "reasoning_gym", "guess": "textarena", "guess10": "textarena"}
+    if task in needs:
+        pytest.importorskip(needs[task])
+    todo = bl.plan(task, list(bl.METHODS), None, [])
+    budgets = {t["episodes"] for t in todo.values()}
+    assert len(budgets) == 1, todo
+    for m, t in todo.items():
+        cfg = bl.compose(t["argv"])
+        assert cfg["algo"]["name"] == bl.algo_of(m) and t["steps"] * bl.per_step(m, cfg) == t["episodes"]
+    if task == "guess10":  # its ES is the low-rank, batched one under either name
+        es, lowrank = (bl.compose(todo[m]["argv"])["es"] for m in ("es", "es-lowrank"))
+        assert es == lowrank and es["noise"] == "lowrank" and es["member_batch"]

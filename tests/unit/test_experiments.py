@@ -216,13 +216,18 @@ def test_the_real_model_profile_builds_and_scores_the_answer_line():
 
 
 def test_the_real_model_game_and_sudoku_profiles_build():
-    """smollm2_guess (TextArena's GuessTheNumber, the game announcing the run's 5 turns) and
+    """smollm2_guess (TextArena's GuessTheNumber, the game announcing the run's 5 turns), smollm2_guess10 and
     smollm2_sudoku4 (the paper's task on the 4x4 board, candidates listed)."""
     pytest.importorskip("textarena")
     cfg = build_config(compose_config("+experiment=smollm2_guess"), 1)
     assert cfg.model.path == "pypi:smollm2-135m-instruct" and cfg.env.name == "textarena"
     game = cfg.env.sections["textarena"]
     assert game.game == "GuessTheNumber-v0" and game.game_kwargs["max_turns"] == cfg.env.max_turns == 5
+    cfg = build_config(compose_config("+experiment=smollm2_guess10"), 1)  # 1 to 10 in 4 turns, only a win scoring
+    game = cfg.env.sections["textarena"]
+    assert game.game_kwargs["max_number"] == 10 and game.game_kwargs["max_turns"] == cfg.env.max_turns == 4
+    assert not game.partial_credit and cfg.env.common_draws
+    assert (cfg.es.noise, cfg.es.member_batch, cfg.es.population * cfg.env.episodes_per_step) == ("lowrank", True, 64)
     cfg = build_config(compose_config("+experiment=smollm2_sudoku4"), 1)
     board = cfg.env.sections["sudoku"]
     assert cfg.env.name == "sudoku" and (board.size, board.mask_count, board.hints) == (4, 2, True)

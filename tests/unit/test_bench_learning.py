@@ -101,9 +101,9 @@ def test_every_task_plans_every_method_as_a_run_that_would_start(task):
     todo = bl.plan(task, list(bl.METHODS), None, [])
     budgets = {t["episodes"] for t in todo.values()}
     assert len(budgets) == 1, todo
+    cfgs = {m: bl.compose(t["argv"]) for m, t in todo.items()}
     for m, t in todo.items():
-        cfg = bl.compose(t["argv"])
-        assert cfg["algo"]["name"] == bl.algo_of(m) and t["steps"] * bl.per_step(m, cfg) == t["episodes"]
+        assert cfgs[m]["algo"]["name"] == bl.algo_of(m) and t["steps"] * bl.per_step(m, cfgs[m]) == t["episodes"]
     if task == "guess10":  # its ES is the low-rank, batched one under either name
-        es, lowrank = (bl.compose(todo[m]["argv"])["es"] for m in ("es", "es-lowrank"))
-        assert es == lowrank and es["noise"] == "lowrank" and es["member_batch"]
+        es = cfgs["es"]["es"]
+        assert es == cfgs["es-lowrank"]["es"] and es["noise"] == "lowrank" and es["member_batch"]

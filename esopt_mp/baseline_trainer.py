@@ -9,9 +9,12 @@ peers, and every rank builds the same :class:`TokenBatch` and takes one
 records (``step``/``return_mean``/``return_max``, ``eval_step``/``eval``,
 ``summary``), so curves overlay; :func:`esopt_mp.runner.run` drives it as it
 drives ES (evaluations, checkpoints, the stop on a signal, the summary). A
-checkpoint is a ``torch.save`` of each rank's weights and optimizer state
-(``baseline/rank<r>.pt``); resuming from it is not implemented, so a run.dir
-holding a stopped run is refused.
+checkpoint is a ``torch.save`` of each rank's weights, fp32 master and AdamW
+state (``baseline/rank<r>.pt``); rerunning the command in the same run.dir
+resumes from it exactly: every draw of a step (its tasks, episode seeds,
+minibatch order) is derived from the run seed, the step and the update count,
+not carried in a generator's state, so nothing else is needed. It resumes at
+the layout it was saved at (each rank reads its own file).
 """
 from __future__ import annotations
 
@@ -57,10 +60,9 @@ class BaselineTrainer:
 
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
-        self.resumes = False
-        self.name, self.start_step = cfg.algo.name, 0  # its checkpoint is not resumed: every run starts at step 0
+        self.resumes = not cfg.algo.zero_stage  # DeepSpeed's engine keeps its optimizer state to itself
+        self.name = cfg.algo.name
         self.steps = cfg.algo.steps or cfg.es.steps
-        self._refuse_a_stopped_run()
         self.seed = cfg.run.seed  # tasks, episodes and evaluation draw from its streams
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank,
@@ -74,6 +76,7 @@ class BaselineTrainer:
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
         identity = config_identity(cfg, path)
         self.config_hash = identity["hash"]
+        self.start_step = self._resume()
         write_config(cfg, dims.rank, path, identity)
         n = sum(p.numel() for p in self.model.parameters())
         log.info("%s on %d local parameters (%s weights), %d tasks x %d rollouts per step", cfg.algo.name.upper(), n,
@@ -129,25 +132,58 @@ class BaselineTrainer:
                 "rollout_s": t_roll - t0, "update_s": time.perf_counter() - t_roll,
                 "step_s": time.perf_counter() - t0, **stats}
 
+    def _checkpoint_path(self) -> str:
+        return os.path.join(self.cfg.run.dir, "baseline", f"rank{self.dims.rank}.pt")
+
+    def _layout(self) -> dict:
+        return {"world": self.dims.world_size, "dp": self.dims.dp, "tp": self.dims.tp}
+
     def save(self, step: int) -> str:
         out = run_subdir(os.path.join(self.cfg.run.dir, "baseline"))
-        path = os.path.join(out, f"rank{self.dims.rank}.pt")
+        path = os.path.join(out, os.path.basename(self._checkpoint_path()))
         with open_run_file(path + ".tmp", "wb") as f:  # a link is refused; the rename replaces one at ``path``
-            torch.save({"step": step, "config_hash": self.config_hash, **self.optimizer.state_dict()}, f)
+            torch.save({"step": step, "config_hash": self.config_hash, "layout": self._layout(),
+                        **self.optimizer.state_dict()}, f)
         os.replace(path + ".tmp", path)
         return path
 
-    def _refuse_a_stopped_run(self) -> None:
-        """A run.dir whose checkpoint is of a stopped run: refused on every rank at once, in one line. The checkpoint
-        is not resumed, so a requeue on the stop's exit status would start at step 0 over it again and again."""
-        path, err = os.path.join(self.cfg.run.dir, "baseline", f"rank{self.dims.rank}.pt"), None
-        if os.path.isfile(path):
-            done = torch.load(path, map_location="cpu", mmap=True, weights_only=True)["step"]  # tensors stay on disk
-            if done < self.steps:
-                err = CheckpointError(f"run.dir={self.cfg.run.dir} holds a {self.name.upper()} run saved after "
-                                      f"{done} steps ({path}) and this one has {self.steps}; a baseline run does "
-                                      "not resume: start it in a new run.dir")
-        agree_on_failure(self.dims, err, "starting the run")
+    def _resume(self) -> int:
+        """The step this run starts at: 0, or the step its checkpoint in run.dir was saved after, with the weights,
+        masters and optimizer state loaded. One verdict for all ranks: a rank that cannot load (another config or
+        layout, a missing or unreadable file) or that holds another step than its peers makes every rank raise
+        the same line at once."""
+        path, start, err = self._checkpoint_path(), 0, None
+        try:
+            start = self._load(path) if os.path.isfile(path) else 0
+        except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
+            err = e if isinstance(e, CheckpointError) else CheckpointError(f"{path}: cannot resume from it: {e}")
+        agree_on_failure(self.dims, err, "resuming the run")
+        if self.dims.world_size > 1:
+            lo = -int(self.dims.comm.all_reduce(torch.tensor([-start]), "max", "world")[0])
+            hi = int(self.dims.comm.all_reduce(torch.tensor([start]), "max", "world")[0])
+            if lo != hi:
+                raise CheckpointError(f"the ranks' checkpoints in {os.path.dirname(path)} were saved after different "
+                                      f"steps ({lo} to {hi}; a save cut short on some rank): the run cannot resume "
+                                      "from them; start it in a new run.dir")
+        if start:
+            log.info("resumed: %s checkpoint after step %d", self.name.upper(), start)
+        return start
+
+    def _load(self, path: str) -> int:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+        done = int(sd["step"])
+        if sd.get("config_hash") not in (None, self.config_hash):
+            raise CheckpointError(f"{path} was written by another configuration (config hash {sd['config_hash']}, "
+                                  f"this run's {self.config_hash}): use that run's config, or a new run.dir")
+        layout = sd.get("layout")
+        if layout is not None and layout != self._layout():
+            raise CheckpointError(f"{path} was saved at {_describe(layout)} and this run is {_describe(self._layout())}"
+                                  ": a baseline run resumes at the layout it was saved at")
+        if done > self.steps:
+            raise CheckpointError(f"{path} was saved after {done} steps and this run has {self.steps}: use that "
+                                  "run's steps, or a new run.dir")
+        self.optimizer.load_state_dict(sd)
+        return done
 
     def poll(self) -> None:
         """Saves are synchronous: nothing in flight."""
@@ -161,6 +197,10 @@ class BaselineTrainer:
     def close(self) -> None:
         self.metrics.close()
         self.model = self.optimizer = None
+
+
+def _describe(layout: dict) -> str:
+    return f"world {layout['world']} = dp {layout['dp']} x tp {layout['tp']}"
 
 
 class _Ep:

@@ -35,7 +35,7 @@ class Trainer(Protocol):
     """What :func:`run` drives. ``steps`` is the run's length; a resumed run starts at ``start_step``."""
 
     name: str  # "es", "grpo", "ppo": the progress bar's and the log's label
-    resumes: bool  # a rerun of the same command continues a stopped run (ES) or cannot (the baselines)
+    resumes: bool  # a rerun of the same command continues a stopped run, or cannot (a ZeRO baseline)
     cfg: TrainConfig
     dims: ParallelDims
     metrics: MetricsWriter
@@ -166,7 +166,7 @@ def _steps(trainer: Trainer, stop: Stop, progress: StepProgress) -> dict | None:
         if stopping and not last:
             log.warning("stopped after step %d/%d on request; the checkpoint after it is saved; %s", t + 1, steps,
                         "rerun the same command to resume" if trainer.resumes else
-                        f"{trainer.name.upper()} runs do not resume: a rerun starts in a new run.dir")
+                        f"this {trainer.name.upper()} run cannot resume: a rerun starts in a new run.dir")
             return {"stopped_at": t + 1}
     return None
 

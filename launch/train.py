@@ -165,7 +165,7 @@ def main(hcfg: DictConfig) -> None:
         if summary is not None:
             if launch.rank == 0:
                 print(json.dumps(summary))
-            # 75: requeue me (the slurm scripts resubmit); a stopped run that cannot resume (the baselines) is not
+            # 75: requeue me (the slurm scripts resubmit); a stopped run that cannot resume (a ZeRO baseline) is not
             # requeued: 1, it ended unfinished
             code = 0 if "stopped_at" not in summary else STOPPED_EXIT if trainer.resumes else 1
     finally:

@@ -13,12 +13,15 @@ log-likelihood of a fixed off-task text set from the starting weights, and the u
     python tools/bench_learning.py --plot bench/arith/report.json bench/sudoku/report.json --png all.png
 
 Each run is ``launch/train.py`` in its own process and run dir (``--out/<method>-seed<N>``) with
-``ESOPT_THREADS=--threads``; a run dir whose run finished is read, not run again, so a stopped benchmark
-continues where it was. Held-out success is measured on the task's held-out split, played as its profile says
-(greedily, or sampled with the same draws at every evaluation): the mean held-out return for the tasks that score 0
-or 1, the share of won games for a game that also gives a lost one partial credit (a task's ``success``: ``full``).
-Held-out episodes are not counted in the budget. A task's settings (model, environment, each method's
-hyperparameters) are in tools/learning_tasks.py; overrides after ``--`` apply to every run.
+``ESOPT_THREADS=--threads``; a run dir whose run finished is read, not run again, and an unfinished one is
+launched again and resumes from its checkpoint (add ``-- run.checkpoint_every=N``), so a stopped benchmark
+continues where it was: SIGTERM to its runs makes each finish its step, save and exit, and the same command
+later goes on (a run's wall time and peak RSS then cover all its processes). Held-out success is measured on the
+task's held-out split, played as its profile says (greedily, or sampled with the same draws at every
+evaluation): the mean held-out return for the tasks that score 0 or 1, the share of won games for a game that
+also gives a lost one partial credit (a task's ``success``: ``full``). Held-out episodes are not counted in the
+budget. A task's settings (model, environment, each method's hyperparameters) are in tools/learning_tasks.py;
+overrides after ``--`` apply to every run.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STOPPED = 75  # launch/train.py's exit status for a run stopped (SIGTERM/SIGUSR1) after its checkpoint
 sys.path.insert(0, ROOT)
 from esopt_mp.profiling.record import bench_record  # noqa: E402
 from tools.learning_tasks import LOWRANK, METHODS, TASKS  # noqa: E402
@@ -144,9 +148,12 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
 
     rows = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
     summary = rows[-1]["summary"]
-    measured = os.path.join(run_dir, "bench_run.json")  # the process's wall time and peak RSS, kept for read-backs
+    measured = os.path.join(run_dir, "bench_run.json")  # the run's wall time and peak RSS, kept for read-backs
+    earlier = launches(run_dir)  # a run stopped and resumed: its earlier processes count too
     if wall_s is not None:
-        write_atomic_json(measured, {"wall_s": wall_s, "peak_rss_bytes": maxrss})
+        wall_s, maxrss = wall_s + sum(e["wall_s"] for e in earlier), max([maxrss or 0] + [e["peak_rss_bytes"] or 0
+                                                                                        for e in earlier]) or None
+        write_atomic_json(measured, {"wall_s": wall_s, "peak_rss_bytes": maxrss, "processes": len(earlier) + 1})
     elif os.path.exists(measured):
         with open(measured) as f:
             kept = json.load(f)
@@ -157,7 +164,9 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
     out = {"method": method, "seed": seed, "run_dir": os.path.relpath(run_dir, ROOT), "curve": curve,
            "success": success, "before": before, "after": after, "delta": after - before,
            "return_before": returns[0][1], "return_after": returns[-1][1], "steps": summary["steps"],
-           "episodes": summary["steps"] * n_per_step, "train_seconds": summary["seconds"],
+           "episodes": summary["steps"] * n_per_step,
+           # the last process's time from its start's evaluation, plus the whole of each earlier process
+           "train_seconds": summary["seconds"] + sum(e["wall_s"] for e in earlier), "processes": len(earlier) + 1,
            "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
            "peak_gpu_bytes": summary.get("peak_gpu_bytes")}
     export = end_weights(run_dir, start_dir) if start_dir else None
@@ -173,6 +182,15 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
         except Exception as e:  # noqa: BLE001 - a report without drift beats none; rerunning fills it in
             print(f"[bench_learning] {method} seed {seed}: no drift ({type(e).__name__}: {e})", file=sys.stderr)
     return out
+
+
+def launches(run_dir: str) -> list[dict]:
+    """The earlier processes of a run that was stopped (or failed) and relaunched: each one's wall and peak RSS."""
+    path = os.path.join(run_dir, "bench_launches.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
 
 
 def end_weights(run_dir: str, start_dir: str):
@@ -241,6 +259,13 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or finished(run_dir) is None:
+            write_atomic_json(os.path.join(run_dir, "bench_launches.json"), launches(run_dir) + [
+                {"wall_s": wall, "peak_rss_bytes": usage.ru_maxrss * 1024, "exit": proc.returncode}])
+            if proc.returncode == STOPPED:
+                print(f"[bench_learning] {m} seed {s}: stopped after its checkpoint ({wall:.0f} s); the same command "
+                      "resumes it", file=sys.stderr)
+                results.append({"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT), "stopped": True})
+                continue
             tail = open(os.path.join(run_dir, "bench.log"), errors="replace").read()[-2000:]
             print(f"[bench_learning] {m} seed {s} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
             results.append({"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT),

@@ -143,6 +143,38 @@ class PolicyOptimizer(abc.ABC):
             sd["value_head"] = self.value_head.state_dict()
         return sd
 
+    def load_state_dict(self, sd: dict) -> None:
+        """The inverse of :meth:`state_dict`, on the same layout: this rank's weights, the fp32 masters, AdamW's
+        state and the update count, so the next update is the one the saved run would have taken. Every shape is
+        checked before anything is written (a checkpoint of another layout or model is refused, not half-loaded)."""
+        if self.engine is not None:
+            raise ValueError("a DeepSpeed (algo.zero_stage > 0) baseline checkpoint holds no optimizer state; "
+                             "it cannot be resumed: start the run in a new run.dir")
+        state = self.model.state_dict()
+        saved, masters = sd.get("model", {}), sd.get("master", {})
+        if set(saved) != set(state):
+            what = sorted(set(saved) ^ set(state))[:3]
+            raise ValueError(f"its weights are not this model's (names differ: {', '.join(what)})")
+        for name, v in saved.items():
+            if tuple(v.shape) != tuple(_local(state[name]).shape):
+                raise ValueError(f"{name}: saved {tuple(v.shape)}, this rank holds {tuple(_local(state[name]).shape)} "
+                                 "(another model, or another tp layout)")
+        low = [n for n, w, m in zip(self.names, self.locals, self.masters) if m is not w]
+        if set(masters) != set(low):
+            raise ValueError("its fp32 master copy does not match model.dtype (saved with another dtype)")
+        if (self.value_head is None) != ("value_head" not in sd):
+            raise ValueError("it is not this algorithm's (a value head saved for PPO only)")
+        with torch.no_grad():
+            for name, v in saved.items():
+                _local(state[name]).copy_(v)
+            for n, m in zip(self.names, self.masters):
+                if n in masters:
+                    m.copy_(masters[n])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        if self.value_head is not None:
+            self.value_head.load_state_dict(sd["value_head"])
+        self.updates = int(sd["updates"])
+
     # ------------------------------------------------------------------ forward
     def forward(self, model, batch: TokenBatch, values: bool = False):
         """(per-token log-probs ``[B, T]`` at the sampling temperature, values ``[B, T]`` or None)."""

@@ -37,10 +37,10 @@ def test_launch_baseline_writes_es_compatible_metrics(tmp_path, algo):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["algo"]["name"] == algo
 
 
-def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_path):
-    """SIGUSR1 during a GRPO run: it finishes the step and saves its checkpoint, as ES does; the checkpoint is not
-    resumed, so it exits 1, not 75 (the slurm scripts requeue on 75), and a rerun is refused in one line, exit 2,
-    instead of starting over."""
+def test_a_signal_stops_a_baseline_after_the_step_and_the_same_command_resumes_it(tmp_path):
+    """SIGUSR1 during a GRPO run: it finishes the step, saves its checkpoint and exits 75 (the slurm scripts
+    requeue on 75), as ES does; the same command then resumes at the next step and finishes the run
+    (tests/integration/test_baselines_resume.py shows the resumed run equals an uninterrupted one)."""
     run_dir, steps = tmp_path / "run", 6
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     args = [sys.executable, "launch/train.py", "algo=grpo", *SHORT, f"es.steps={steps}", "run.checkpoint_every=0",
@@ -52,19 +52,22 @@ def test_a_signal_stops_a_baseline_after_the_step_and_its_rerun_is_refused(tmp_p
         time.sleep(0.05)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 1, err[-3000:]
+    assert proc.returncode == 75, err[-3000:]
     stopped = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])["stopped_at"]
     assert 1 <= stopped < steps and f"stopped after step {stopped}/{steps} on request" in err
-    assert "GRPO runs do not resume: a rerun starts in a new run.dir" in err
+    assert "rerun the same command to resume" in err
     import torch
 
     ckpt = run_dir / "baseline" / "rank0.pt"
     assert torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)["step"] == stopped
     rerun = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 2
-    assert rerun.stderr.strip().splitlines()[-1] == (
-        f"error: run.dir={run_dir} holds a GRPO run saved after {stopped} steps ({ckpt}) and this one has {steps}; "
-        "a baseline run does not resume: start it in a new run.dir")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed: GRPO checkpoint after step {stopped}" in rerun.stderr
+    summary = json.loads([l for l in rerun.stdout.splitlines() if l.startswith("{")][-1])
+    assert (summary["resumed_from"], summary["steps"]) == (stopped, steps)
+    rows = [json.loads(l) for l in metrics.read_text().splitlines()]
+    assert sorted({r["step"] for r in rows if "step" in r}) == list(range(steps))
+    assert torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)["step"] == steps
 
 
 def test_unknown_algo_is_one_clear_line(tmp_path):

@@ -87,6 +87,14 @@ def test_a_resumed_run_s_start_is_its_first_evaluation_not_its_summary_s(tmp_pat
     got = bl.result("es", 0, str(tmp_path), 64, 5.0, 2 ** 30, None, "full")
     assert (got["before"], got["after"], got["delta"]) == (0.1, 0.5, 0.5 - 0.1)
     assert (got["return_before"], got["return_after"]) == (0.6, 0.9)
+    assert (got["wall_s"], got["peak_rss_bytes"]) == (5.0, 2 ** 30)  # one process: its own figures
+    # stopped once after its checkpoint and relaunched: the wall time and peak RSS cover both processes
+    (tmp_path / "bench_launches.json").write_text(json.dumps([{"wall_s": 7.0, "peak_rss_bytes": 2 ** 31, "exit": 75}]))
+    got = bl.result("es", 0, str(tmp_path), 64, 5.0, 2 ** 30, None, "full")
+    assert (got["wall_s"], got["peak_rss_bytes"], got["train_seconds"], got["processes"]) == (12.0, 2 ** 31, 8.0, 2)
+    kept = json.loads((tmp_path / "bench_run.json").read_text())
+    assert kept == {"wall_s": 12.0, "peak_rss_bytes": 2 ** 31, "processes": 2}
+    assert bl.result("es", 0, str(tmp_path), 64, None, None, None, "full")["wall_s"] == 12.0  # read back as kept
 
 
 @pytest.mark.parametrize("task", sorted(bl.TASKS))

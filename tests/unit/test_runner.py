@@ -116,7 +116,7 @@ def test_a_signal_mid_step_checkpoints_after_that_step_and_stops(tmp_path, resum
         assert run(tr) == {"stopped_at": 2}
     # the line says what a rerun does: resume, or (a trainer that cannot resume) nothing of this run.dir
     assert ("rerun the same command to resume" in caplog.text) is resumes
-    assert ("FAKE runs do not resume: a rerun starts in a new run.dir" in caplog.text) is not resumes
+    assert ("this FAKE run cannot resume: a rerun starts in a new run.dir" in caplog.text) is not resumes
     assert tr.calls == [("evaluate",), ("step", 0), ("poll",), ("step", 1), ("save", 2), ("wait",)]
     assert tr.dims.comm.flags == [False, True]
     assert signal.getsignal(signal.SIGUSR1) == before  # the run's handler is gone with the run
@@ -171,9 +171,9 @@ def test_config_json_is_written_by_rank_0_only_and_rebuilds_the_run(tmp_path):
     assert config_hash(build_config(saved, 1)) == config_hash(cfg)
 
 
-def test_a_baseline_run_dir_holding_a_stopped_run_is_refused(tmp_path):
-    """A stopped baseline run exits as ES does (requeue me), but its checkpoint is not resumed: the requeued
-    start is refused in one line instead of training from step 0 over it again."""
+def test_a_baseline_run_dir_holding_another_models_checkpoint_is_refused(tmp_path):
+    """A stopped baseline run resumes from its checkpoint; one that is not this model's is refused in one line
+    before any weight is written (tests/integration/test_baselines_resume.py resumes real ones)."""
     import torch
 
     from esopt_mp.baseline_trainer import BaselineTrainer
@@ -184,10 +184,6 @@ def test_a_baseline_run_dir_holding_a_stopped_run_is_refused(tmp_path):
                         "objective": {"name": "agent"}, "model": {"path": "builtin:tiny_agent"}}, 1)
     (tmp_path / "baseline").mkdir()
     torch.save({"step": 2, "model": {"w": torch.zeros(3)}}, tmp_path / "baseline" / "rank0.pt")
-    with pytest.raises(CheckpointError, match=r"holds a GRPO run saved after 2 steps .* this one has 3; a baseline "
-                                              r"run does not resume"):
+    with pytest.raises(CheckpointError, match=r"rank0.pt: cannot resume from it: its weights are not this model's "
+                                              r"\(names differ: "):
         BaselineTrainer(cfg, ParallelDims(1, 1, 1))
-    torch.save({"step": 3, "model": {"w": torch.zeros(3)}}, tmp_path / "baseline" / "rank0.pt")
-    finished = BaselineTrainer.__new__(BaselineTrainer)  # a finished run's dir may be trained again (as before)
-    finished.cfg, finished.dims, finished.name, finished.steps = cfg, ParallelDims(1, 1, 1), "grpo", 3
-    finished._refuse_a_stopped_run()

@@ -1,0 +1,54 @@
+"""GRPO / PPO resume in spawned gloo worlds of 2 ranks (dp=2, tp=2): a run stopped after a step and rerun in its
+run.dir ends with every rank's checkpoint bit-identical to the uninterrupted run's; ranks whose checkpoints were
+saved after different steps refuse the resume together, in one line."""
+import os
+
+import pytest
+import torch
+
+from esopt_mp.parallel.local_world import run_world
+from tests.fixtures.baseline_runs import same
+
+
+def _worker(rank: int, world: int, dp: int, tp: int, algo: str, root: str) -> None:
+    from esopt_mp.checkpoint import CheckpointError
+    from esopt_mp.parallel import discover, init_distributed
+    from tests.fixtures.baseline_runs import build_baseline_trainer, play
+
+    torch.set_num_threads(1)
+    dims = init_distributed(discover(), dp, tp, backend="gloo")
+    ref, cut = os.path.join(root, "ref"), os.path.join(root, "cut")
+    out = {"ref": play(build_baseline_trainer(ref, algo, dims=dims)),
+           "stopped": play(build_baseline_trainer(cut, algo, dims=dims), stop_after=1)}
+    again = build_baseline_trainer(cut, algo, dims=dims)
+    out["start"] = again.start_step
+    out["cut"] = play(again)
+    # a save cut short on one rank: rank 1's checkpoint is of an earlier step than rank 0's
+    if rank == 1:
+        path = os.path.join(cut, "baseline", "rank1.pt")
+        torch.save({**torch.load(path, weights_only=True), "step": 2}, path)
+    try:
+        build_baseline_trainer(cut, algo, dims=dims).close()
+    except CheckpointError as e:
+        out["refused"] = str(e)
+    torch.save(out, os.path.join(root, f"out{rank}.pt"))
+
+
+@pytest.mark.parametrize("dp,tp,algo", [(2, 1, "grpo"), (1, 2, "ppo")])
+def test_a_stopped_baseline_run_resumes_bit_identical_on_every_rank(tmp_path, dp, tp, algo):
+    run_world(2, _worker, dp, tp, algo, str(tmp_path))
+    for rank in range(2):
+        out = torch.load(tmp_path / f"out{rank}.pt", weights_only=False)
+        assert out["stopped"] == {"stopped_at": 1} and out["start"] == 1
+        assert (out["cut"]["resumed_from"], out["cut"]["steps"], out["ref"]["steps"]) == (1, 3, 3)
+        want, got = (torch.load(tmp_path / d / "baseline" / f"rank{rank}.pt", weights_only=True)
+                     for d in ("ref", "cut"))
+        assert got["layout"] == {"world": 2, "dp": dp, "tp": tp}
+        for part in ("model", "optimizer", "updates", *(["value_head"] if algo == "ppo" else [])):
+            assert same(want[part], got[part]), (rank, part)
+        assert out["refused"] == (f"the ranks' checkpoints in {tmp_path / 'cut' / 'baseline'} were saved after "
+                                  "different steps (2 to 3; a save cut short on some rank): the run cannot resume "
+                                  "from them; start it in a new run.dir")
+    if tp == 2:  # each rank saved its own shard: the files differ
+        a, b = (torch.load(tmp_path / "ref" / "baseline" / f"rank{r}.pt", weights_only=True)["model"] for r in (0, 1))
+        assert any(a[k].shape != b[k].shape or not torch.equal(a[k], b[k]) for k in a)

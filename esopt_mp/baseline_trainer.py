@@ -10,14 +10,16 @@ records (``step``/``return_mean``/``return_max``, ``eval_step``/``eval``,
 ``summary``), so curves overlay; :func:`esopt_mp.runner.run` drives it as it
 drives ES (evaluations, checkpoints, the stop on a signal, the summary). A
 checkpoint is a ``torch.save`` of each rank's weights, fp32 master and AdamW
-state (``baseline/rank<r>.pt``); rerunning the command in the same run.dir
-resumes from it exactly: every draw of a step (its tasks, episode seeds,
-minibatch order) is derived from the run seed, the step and the update count,
-not carried in a generator's state, so nothing else is needed. It resumes at
-the layout it was saved at (each rank reads its own file).
+state (``baseline/rank<r>.pt``, the newest two kept:
+:mod:`esopt_mp.baselines.checkpoint`); rerunning the command in the same
+run.dir resumes from it exactly: every draw of a step (its tasks, episode
+seeds, minibatch order) is derived from the run seed, the step and the update
+count, not carried in a generator's state, so nothing else is needed. It
+resumes at the layout it was saved at (each rank reads its own file).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -28,6 +30,7 @@ import torch
 from esopt_mp.agent.episodes import step_task_indices
 from esopt_mp.agent.loop import build_agent_config
 from esopt_mp.baselines import build_baseline, build_token_batch
+from esopt_mp.baselines import checkpoint as ckpt
 from esopt_mp.build import build_engine, build_player, build_tokenizer
 from esopt_mp.checkpoint import CheckpointError
 from esopt_mp.resume import agree_on_failure
@@ -35,11 +38,11 @@ from esopt_mp.config import TrainConfig
 from esopt_mp.engine.base import SamplingParams
 from esopt_mp.core.errors import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
-from esopt_mp.identity import config_identity
+from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
-from esopt_mp.runfiles import open_run_file, run_subdir, write_config
+from esopt_mp.runfiles import write_config
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +71,16 @@ class BaselineTrainer:
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank,
                                      cfg.run.loggers, cfg.to_dict())
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
+        identity = config_identity(cfg, path)
+        self.config_hash = identity["hash"]
+        resume = self._checkpoint_to_resume(identity)  # refused before any model is loaded
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = build_tokenizer(path)
         self.player = build_player(cfg, dims, build_engine(cfg, self.model, self.tokenizer))
         self.held_out = HeldOut(self.player)
         self.rollout_cfg = build_agent_config(cfg.env, rollout_sampling(cfg.engine, cfg.algo))
         self.optimizer = build_baseline(cfg.algo.name, self.model, cfg.algo, dims)
-        identity = config_identity(cfg, path)
-        self.config_hash = identity["hash"]
-        self.start_step = self._resume()
+        self.start_step = self._resume(resume)
         write_config(cfg, dims.rank, path, identity)
         n = sum(p.numel() for p in self.model.parameters())
         log.info("%s on %d local parameters (%s weights), %d tasks x %d rollouts per step", cfg.algo.name.upper(), n,
@@ -132,58 +136,72 @@ class BaselineTrainer:
                 "rollout_s": t_roll - t0, "update_s": time.perf_counter() - t_roll,
                 "step_s": time.perf_counter() - t0, **stats}
 
-    def _checkpoint_path(self) -> str:
-        return os.path.join(self.cfg.run.dir, "baseline", f"rank{self.dims.rank}.pt")
-
     def _layout(self) -> dict:
         return {"world": self.dims.world_size, "dp": self.dims.dp, "tp": self.dims.tp}
 
     def save(self, step: int) -> str:
-        out = run_subdir(os.path.join(self.cfg.run.dir, "baseline"))
-        path = os.path.join(out, os.path.basename(self._checkpoint_path()))
-        with open_run_file(path + ".tmp", "wb") as f:  # a link is refused; the rename replaces one at ``path``
-            torch.save({"step": step, "config_hash": self.config_hash, "layout": self._layout(),
-                        **self.optimizer.state_dict()}, f)
-        os.replace(path + ".tmp", path)
+        state = {"step": step, "config_hash": self.config_hash, "layout": self._layout(),
+                 **self.optimizer.state_dict()}
+        return ckpt.save(self.cfg.run.dir, self.dims.rank, state)
+
+    def _checkpoint_to_resume(self, identity: dict) -> str | None:
+        """This rank's file of the newest step every rank holds (None: start at step 0), checked against this run
+        (its config, layout, length). One verdict for all ranks: a rank that cannot resume makes every rank raise
+        the same line at once."""
+        err = None
+        mine, unreadable = ckpt.held(self.cfg.run.dir, self.dims.rank)
+        _, path, why = ckpt.common_step(self.dims, mine)  # a collective: every rank calls it
+        try:
+            if unreadable and not mine:
+                raise CheckpointError(f"no checkpoint of rank {self.dims.rank} can be read ({'; '.join(unreadable)})"
+                                      ": move run.dir/baseline aside to start the run over")
+            if why:
+                raise CheckpointError(f"{os.path.join(self.cfg.run.dir, 'baseline')}: {why}; start it in a new "
+                                      "run.dir")
+            if path is not None:
+                self._check(path, identity)
+        except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
+            err = e if isinstance(e, CheckpointError) else \
+                CheckpointError(f"{path}: cannot resume from it: {type(e).__name__}: {e}")
+        agree_on_failure(self.dims, err, "resuming the run")
         return path
 
-    def _resume(self) -> int:
-        """The step this run starts at: 0, or the step its checkpoint in run.dir was saved after, with the weights,
-        masters and optimizer state loaded. One verdict for all ranks: a rank that cannot load (another config or
-        layout, a missing or unreadable file) or that holds another step than its peers makes every rank raise
-        the same line at once."""
-        path, start, err = self._checkpoint_path(), 0, None
-        try:
-            start = self._load(path) if os.path.isfile(path) else 0
-        except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
-            err = e if isinstance(e, CheckpointError) else CheckpointError(f"{path}: cannot resume from it: {e}")
-        agree_on_failure(self.dims, err, "resuming the run")
-        if self.dims.world_size > 1:
-            lo = -int(self.dims.comm.all_reduce(torch.tensor([-start]), "max", "world")[0])
-            hi = int(self.dims.comm.all_reduce(torch.tensor([start]), "max", "world")[0])
-            if lo != hi:
-                raise CheckpointError(f"the ranks' checkpoints in {os.path.dirname(path)} were saved after different "
-                                      f"steps ({lo} to {hi}; a save cut short on some rank): the run cannot resume "
-                                      "from them; start it in a new run.dir")
-        if start:
-            log.info("resumed: %s checkpoint after step %d", self.name.upper(), start)
-        return start
+    def _check(self, path: str, identity: dict) -> None:
+        sd = ckpt.read(path)
+        if sd["config_hash"] != self.config_hash:
+            what = self._what_differs(identity, sd["config_hash"])
+            raise CheckpointError(f"{path} was written by another configuration ({what}): rerun with that run's "
+                                  "settings to resume it, or use a new run.dir")
+        if sd["layout"] != self._layout():
+            raise CheckpointError(f"{path} was saved at {_describe(sd['layout'])} and this run is "
+                                  f"{_describe(self._layout())}: a baseline run resumes at the layout it was saved at")
+        if int(sd["step"]) > self.steps:
+            raise CheckpointError(f"{path} was saved after {sd['step']} steps and this run has {self.steps}")
 
-    def _load(self, path: str) -> int:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-        done = int(sd["step"])
-        if sd.get("config_hash") not in (None, self.config_hash):
-            raise CheckpointError(f"{path} was written by another configuration (config hash {sd['config_hash']}, "
-                                  f"this run's {self.config_hash}): use that run's config, or a new run.dir")
-        layout = sd.get("layout")
-        if layout is not None and layout != self._layout():
-            raise CheckpointError(f"{path} was saved at {_describe(layout)} and this run is {_describe(self._layout())}"
-                                  ": a baseline run resumes at the layout it was saved at")
-        if done > self.steps:
-            raise CheckpointError(f"{path} was saved after {done} steps and this run has {self.steps}: use that "
-                                  "run's steps, or a new run.dir")
-        self.optimizer.load_state_dict(sd)
-        return done
+    def _what_differs(self, identity: dict, saved_hash: str) -> str:
+        """The fields the run.dir's config.json records differently, else the two config hashes."""
+        try:
+            with open(os.path.join(self.cfg.run.dir, "config.json")) as f:
+                old = json.load(f).get("identity")
+            what = diff_identity(old, identity["fields"]) if isinstance(old, dict) else ""
+        except (OSError, ValueError):
+            what = ""
+        return f"it differs in: {what}" if what else f"config hash {saved_hash}, this run's {identity['hash']}"
+
+    def _resume(self, path: str | None) -> int:
+        """Load the checked checkpoint ``path`` (weights, fp32 masters, AdamW state, value head): its step."""
+        if path is None:
+            return 0
+        err, step = None, 0
+        try:
+            sd = ckpt.read(path)
+            self.optimizer.load_state_dict(sd)
+            step = int(sd["step"])
+        except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
+            err = CheckpointError(f"{path}: cannot resume from it: {type(e).__name__}: {e}")
+        agree_on_failure(self.dims, err, "resuming the run")
+        log.info("resumed: %s checkpoint after step %d (%s)", self.name.upper(), step, path)
+        return step
 
     def poll(self) -> None:
         """Saves are synchronous: nothing in flight."""

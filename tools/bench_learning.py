@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOPPED = 75  # launch/train.py's exit status for a run stopped (SIGTERM/SIGUSR1) after its checkpoint
 sys.path.insert(0, ROOT)
 from esopt_mp.profiling.record import bench_record  # noqa: E402
+from tools.learning_runs import finished, launches, result, write_atomic_json  # noqa: E402
 from tools.learning_tasks import LOWRANK, METHODS, TASKS  # noqa: E402
 
 
@@ -94,17 +96,6 @@ def plan(task: str, methods: list[str], episodes: int | None, extra: list[str]) 
     return out
 
 
-def finished(run_dir: str) -> dict | None:
-    """The summary of a finished run in ``run_dir``, else None."""
-    from esopt_mp.runfiles import read_jsonl
-
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return None
-    rows = list(read_jsonl(path))
-    return rows[-1]["summary"] if rows and "summary" in rows[-1] else None
-
-
 def launch(run_dir: str, argv: list[str], seed: int, threads: int, evals: int, steps: int) -> subprocess.Popen:
     every = max(1, steps // max(1, evals))
     cmd = [sys.executable, "launch/train.py", f"run.seed={seed}", f"run.dir={run_dir}", f"run.eval_every={every}",
@@ -113,108 +104,8 @@ def launch(run_dir: str, argv: list[str], seed: int, threads: int, evals: int, s
     env = {**os.environ, "ESOPT_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     log = open(os.path.join(run_dir, "bench.log"), "ab")
     log.write((" ".join(cmd) + "\n").encode())
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def curve_of(rows: list[dict], n_per_step: int, success: str = "mean", where: str = "run") -> list[list]:
-    """[[training episodes, held-out success], ...] from a run's metrics rows. ``success``: ``mean`` (the mean
-    held-out return: the tasks that score 0 or 1) or ``full`` (the share of held-out episodes with full marks, a
-    win, where the game also scores partial credit: the ``eval_detail`` row each evaluation writes just before its
-    result). A run restarted in its directory appends: the last series (from the last evaluation at step 0) counts,
-    and an evaluation repeated at a resume counts once."""
-    points, detail = {}, None
-    for r in rows:
-        if "eval_detail" in r:
-            detail = r["eval_detail"]
-        elif "eval" in r and "eval_step" in r:
-            step = int(r["eval_step"])
-            if success == "mean":
-                value = float(r["eval"])
-            elif detail is None or success not in detail:
-                raise ValueError(f"{where}: the evaluation at step {step} has no '{success}' in the eval_detail row "
-                                 "before it (a run made before that figure was recorded: run it again)")
-            else:
-                value = float(detail[success])
-            if step == 0:
-                points = {}
-            points[step] = value
-            detail = None
-    return [[step * n_per_step, v] for step, v in sorted(points.items())]
-
-
-def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float | None,
-           maxrss: int | None, start_dir: str | None, success: str = "mean") -> dict:
-    from esopt_mp.runfiles import read_jsonl
-
-    rows = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
-    summary = rows[-1]["summary"]
-    measured = os.path.join(run_dir, "bench_run.json")  # the run's wall time and peak RSS, kept for read-backs
-    earlier = launches(run_dir)  # a run stopped and resumed: its earlier processes count too
-    if wall_s is not None:
-        wall_s, maxrss = wall_s + sum(e["wall_s"] for e in earlier), max([maxrss or 0] + [e["peak_rss_bytes"] or 0
-                                                                                        for e in earlier]) or None
-        write_atomic_json(measured, {"wall_s": wall_s, "peak_rss_bytes": maxrss, "processes": len(earlier) + 1})
-    elif os.path.exists(measured):
-        with open(measured) as f:
-            kept = json.load(f)
-        wall_s, maxrss = kept["wall_s"], kept["peak_rss_bytes"]
-    # the start and the end from the curves, whatever step a resumed run began at (its summary starts there)
-    curve, returns = curve_of(rows, n_per_step, success, run_dir), curve_of(rows, n_per_step)
-    before, after = curve[0][1], curve[-1][1]
-    out = {"method": method, "seed": seed, "run_dir": os.path.relpath(run_dir, ROOT), "curve": curve,
-           "success": success, "before": before, "after": after, "delta": after - before,
-           "return_before": returns[0][1], "return_after": returns[-1][1], "steps": summary["steps"],
-           "episodes": summary["steps"] * n_per_step,
-           # the last process's time from its start's evaluation, plus the whole of each earlier process
-           "train_seconds": summary["seconds"] + sum(e["wall_s"] for e in earlier), "processes": len(earlier) + 1,
-           "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
-           "peak_gpu_bytes": summary.get("peak_gpu_bytes")}
-    export = end_weights(run_dir, start_dir) if start_dir else None
-    if export is not None:
-        cached = os.path.join(run_dir, "drift.json")
-        try:
-            if not os.path.exists(cached):
-                from esopt_mp.drift import drift
-
-                write_atomic_json(cached, drift(start_dir, export))
-            with open(cached) as f:
-                out["drift"] = json.load(f)
-        except Exception as e:  # noqa: BLE001 - a report without drift beats none; rerunning fills it in
-            print(f"[bench_learning] {method} seed {seed}: no drift ({type(e).__name__}: {e})", file=sys.stderr)
-    return out
-
-
-def launches(run_dir: str) -> list[dict]:
-    """The earlier processes of a run that was stopped (or failed) and relaunched: each one's wall and peak RSS."""
-    path = os.path.join(run_dir, "bench_launches.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return json.load(f)
-
-
-def end_weights(run_dir: str, start_dir: str):
-    """A run's final weights: its export (ES), else the start model with the baseline checkpoint's weights loaded
-    (GRPO and PPO runs write ``baseline/rank0.pt``, no export); None if neither is there."""
-    export = os.path.join(run_dir, "export")
-    if os.path.isdir(export):
-        return export
-    ckpt = os.path.join(run_dir, "baseline", "rank0.pt")
-    if not os.path.exists(ckpt):
-        return None
-    import torch
-
-    from esopt_mp.drift import load_fp32_model
-
-    model = load_fp32_model(start_dir)
-    model.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=False)["model"])
-    return model
-
-
-def write_atomic_json(path: str, data) -> None:
-    from esopt_mp.runfiles import write_atomic
-
-    write_atomic(path, json.dumps(data, indent=1).encode())
+    # its own session: a terminal's Ctrl-C reaches the benchmark only, which stops the runs cleanly (SIGTERM)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_all(args, todo: dict[str, dict]) -> list[dict]:
@@ -233,14 +124,37 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
     queue = [(m, s) for m in args.methods for s in args.seeds]  # a method's seeds first: its row fills first
     running: dict[int, tuple] = {}
     results = []
+    previous = {sig: signal.signal(sig, lambda signum, _: _stop(signum, queue, running))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _play_all(args, todo, queue, running, results, start_dir, success, earlier)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return results
+
+
+def _stop(signum: int, queue: list, running: dict) -> None:
+    """SIGTERM / SIGINT to the benchmark: no run starts; each running one finishes its step, saves and exits (75)."""
+    if queue or running:
+        print(f"[bench_learning] signal {signum}: stopping; each run finishes its step and saves, and the same "
+              "command resumes them", file=sys.stderr)
+    queue.clear()
+    for pid in running:
+        try:
+            os.kill(pid, signal.SIGTERM)  # not Popen.send_signal: its poll() would reap the child before wait4 does
+        except ProcessLookupError:
+            pass
+
+
+def _play_all(args, todo, queue, running, results, start_dir, success, earlier) -> None:
     while queue or running:
         while queue and len(running) < args.jobs:
             m, s = queue.pop(0)
             run_dir = os.path.join(args.out, f"{m}-seed{s}")
             if finished(run_dir) is not None:
-                old = earlier.get((m, s), {})
-                results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], old.get("wall_s"),
-                                      old.get("peak_rss_bytes"), start_dir, success))
+                results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], None, None, start_dir, success,
+                                      kept=earlier.get((m, s))))
                 print(f"[bench_learning] {m} seed {s}: finished before, read back", file=sys.stderr)
                 continue
             if args.report_only:
@@ -275,7 +189,6 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
         results.append(r)
         print(f"[bench_learning] {m} seed {s}: {r['before']:.3f} -> {r['after']:.3f} in {wall:.0f} s",
               file=sys.stderr)
-    return results
 
 
 def table(results: list[dict]) -> dict[str, dict]:
@@ -367,6 +280,8 @@ def main() -> None:
         json.dump(report, f, indent=1)
     report["plot"] = plot([report], args.png or os.path.join(args.out, "report.png"))
     print(json.dumps({**head, "figures": {"report": path, "plot": report["plot"], "table": report["table"]}}))
+    if any(r.get("stopped") for r in results):
+        sys.exit(STOPPED)  # as a stopped run exits: rerun (or requeue) the same command to go on
 
 
 if __name__ == "__main__":

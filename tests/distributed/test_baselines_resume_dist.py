@@ -1,6 +1,7 @@
 """GRPO / PPO resume in spawned gloo worlds of 2 ranks (dp=2, tp=2): a run stopped after a step and rerun in its
-run.dir ends with every rank's checkpoint bit-identical to the uninterrupted run's; ranks whose checkpoints were
-saved after different steps refuse the resume together, in one line."""
+run.dir ends with every rank's checkpoint bit-identical to the uninterrupted run's; after a save that landed on
+one rank only, both resume from the step before it and still end so; ranks that hold no common step refuse the
+resume together, in one line."""
 import os
 
 import pytest
@@ -23,10 +24,19 @@ def _worker(rank: int, world: int, dp: int, tp: int, algo: str, root: str) -> No
     again = build_baseline_trainer(cut, algo, dims=dims)
     out["start"] = again.start_step
     out["cut"] = play(again)
-    # a save cut short on one rank: rank 1's checkpoint is of an earlier step than rank 0's
+    mine = [os.path.join(cut, "baseline", f"rank{rank}{end}") for end in (".pt", ".prev.pt")]
+    out["cut_state"] = torch.load(mine[0], weights_only=True)
+    # a save cut short on rank 1: its newest file never landed (rank 0's did); both resume from the step before
     if rank == 1:
-        path = os.path.join(cut, "baseline", "rank1.pt")
-        torch.save({**torch.load(path, weights_only=True), "step": 2}, path)
+        os.remove(mine[0])
+    again = build_baseline_trainer(cut, algo, dims=dims)
+    out["recovered_start"] = again.start_step
+    out["recovered"] = play(again)
+    out["recovered_state"] = torch.load(mine[0], weights_only=True)
+    # no step held by both ranks: refused on both, in one line
+    if rank == 1:
+        for path in mine:
+            os.remove(path)
     try:
         build_baseline_trainer(cut, algo, dims=dims).close()
     except CheckpointError as e:
@@ -41,14 +51,17 @@ def test_a_stopped_baseline_run_resumes_bit_identical_on_every_rank(tmp_path, dp
         out = torch.load(tmp_path / f"out{rank}.pt", weights_only=False)
         assert out["stopped"] == {"stopped_at": 1} and out["start"] == 1
         assert (out["cut"]["resumed_from"], out["cut"]["steps"], out["ref"]["steps"]) == (1, 3, 3)
-        want, got = (torch.load(tmp_path / d / "baseline" / f"rank{rank}.pt", weights_only=True)
-                     for d in ("ref", "cut"))
-        assert got["layout"] == {"world": 2, "dp": dp, "tp": tp}
-        for part in ("model", "optimizer", "updates", *(["value_head"] if algo == "ppo" else [])):
-            assert same(want[part], got[part]), (rank, part)
-        assert out["refused"] == (f"the ranks' checkpoints in {tmp_path / 'cut' / 'baseline'} were saved after "
-                                  "different steps (2 to 3; a save cut short on some rank): the run cannot resume "
-                                  "from them; start it in a new run.dir")
+        want = torch.load(tmp_path / "ref" / "baseline" / f"rank{rank}.pt", weights_only=True)
+        assert out["cut_state"]["layout"] == {"world": 2, "dp": dp, "tp": tp}
+        assert out["recovered_start"] == 1 and out["recovered"]["resumed_from"] == 1
+        for got in (out["cut_state"], out["recovered_state"]):
+            for part in ("model", "optimizer", "updates", *(["value_head"] if algo == "ppo" else [])):
+                assert same(want[part], got[part]), (rank, part)
+        base = tmp_path / "cut" / "baseline"
+        assert out["refused"] == (f"resuming the run failed on rank 0 (and 1 other rank): {base}: no step is held "
+                                  "by every rank's checkpoint (steps saved after: rank 0: 3; rank 1: none; a save cut "
+                                  "short, files removed, or another layout's run): the run cannot resume from them; "
+                                  "start it in a new run.dir")
     if tp == 2:  # each rank saved its own shard: the files differ
         a, b = (torch.load(tmp_path / "ref" / "baseline" / f"rank{r}.pt", weights_only=True)["model"] for r in (0, 1))
         assert any(a[k].shape != b[k].shape or not torch.equal(a[k], b[k]) for k in a)

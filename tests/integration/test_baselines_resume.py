@@ -1,50 +1,81 @@
 """A GRPO / PPO run stopped after a step and rerun in its run.dir ends bit-identical to the uninterrupted run.
 
 In-process, on the embedded tiny agent: the stop is the runner's (a request at a step boundary, as a signal
-makes it), the rerun a new trainer over the same run.dir. The final checkpoint (weights, AdamW state, PPO's
-value head, the update count) and every step's metrics must equal the uninterrupted run's.
+makes it), the rerun a new trainer over the same run.dir. The final checkpoint (weights, bf16 runs' fp32 master,
+AdamW state, PPO's value head, the update count) and every step's metrics must equal the uninterrupted run's.
 """
 import pytest
 import torch
 
 from esopt_mp.checkpoint import CheckpointError
-from tests.fixtures.baseline_runs import build_baseline_trainer as _trainer, play as _play, same as _same, \
-    step_records as _steps
+from tests.fixtures.baseline_runs import build_baseline_trainer, play, same, step_records
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_a_stopped_baseline_run_resumes_bit_identical(tmp_path, algo):
-    ref, cut = tmp_path / "ref", tmp_path / "cut"
-    assert _play(_trainer(ref, algo))["steps"] == 3
-    assert _play(_trainer(cut, algo), stop_after=1) == {"stopped_at": 1}
-    saved = torch.load(cut / "baseline" / "rank0.pt", weights_only=True)
+PARTS = ("model", "optimizer", "updates")
+
+
+def _final(run_dir) -> dict:
+    return torch.load(run_dir / "baseline" / "rank0.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("algo,dtype", [("grpo", "float32"), ("ppo", "bfloat16")])
+def test_a_stopped_baseline_run_resumes_bit_identical(tmp_path, algo, dtype):
+    ref, cut, more = tmp_path / "ref", tmp_path / "cut", [f"model.dtype={dtype}"]
+    assert play(build_baseline_trainer(ref, algo, *more))["steps"] == 3
+    assert play(build_baseline_trainer(cut, algo, *more), stop_after=1) == {"stopped_at": 1}
+    saved = _final(cut)
     assert saved["step"] == saved["updates"] == 1 and saved["layout"] == {"world": 1, "dp": 1, "tp": 1}
 
-    again = _trainer(cut, algo)
+    again = build_baseline_trainer(cut, algo, *more)
     assert again.start_step == 1 and again.optimizer.updates == 1
-    summary = _play(again)
+    summary = play(again)
     assert summary["resumed_from"] == 1 and summary["steps"] == 3
-    want, got = (torch.load(d / "baseline" / "rank0.pt", weights_only=True) for d in (ref, cut))
+    want, got = _final(ref), _final(cut)
     assert want["step"] == got["step"] == 3
-    for part in ("model", "optimizer", "updates", *(["value_head"] if algo == "ppo" else [])):
-        assert _same(want[part], got[part]), part
-    assert _same(_steps(ref), _steps(cut))  # step 0 from the first process, 1 and 2 from the resumed one
+    parts = [*PARTS, *(["value_head"] if algo == "ppo" else []), *(["master"] if dtype != "float32" else [])]
+    assert set(want) == {"step", "config_hash", "layout", *parts}
+    for part in parts:
+        assert same(want[part], got[part]), part
+    assert same(step_records(ref), step_records(cut))  # step 0 from the first process, 1 and 2 from the resumed one
     assert any(not torch.equal(v, want["model"][k]) for k, v in saved["model"].items())  # steps 2-3 moved them
 
 
-def test_a_checkpoint_of_another_run_or_length_is_refused_in_one_line(tmp_path):
+def test_a_checkpoint_cut_short_gives_way_to_the_one_before_it(tmp_path):
+    """A crash while a checkpoint was written: the newest file is unreadable, the one before it serves, and the run
+    still ends as the uninterrupted one; with no readable file at all the resume is refused, not started over."""
+    ref, cut, more = tmp_path / "ref", tmp_path / "cut", ["run.checkpoint_every=1"]
+    play(build_baseline_trainer(ref, "grpo", *more))
+    assert play(build_baseline_trainer(cut, "grpo", *more), stop_after=2) == {"stopped_at": 2}
+    newest, before = cut / "baseline" / "rank0.pt", cut / "baseline" / "rank0.prev.pt"
+    assert torch.load(before, weights_only=True)["step"] == 1
+    newest.write_bytes(newest.read_bytes()[:1000])
+    again = build_baseline_trainer(cut, "grpo", *more)
+    assert again.start_step == 1
+    play(again)
+    assert all(same(_final(ref)[p], _final(cut)[p]) for p in PARTS)
+    for path in (newest, before):
+        path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"no checkpoint of rank 0 can be read \(.*rank0.pt: .*\): move "
+                                              r"run.dir/baseline aside to start the run over"):
+        build_baseline_trainer(cut, "grpo", *more)
+
+
+def test_a_checkpoint_of_another_run_layout_length_or_model_is_refused_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    assert _play(_trainer(run_dir, "grpo"), stop_after=1) == {"stopped_at": 1}
+    assert play(build_baseline_trainer(run_dir, "grpo"), stop_after=1) == {"stopped_at": 1}
     path = run_dir / "baseline" / "rank0.pt"
-    with pytest.raises(CheckpointError, match=r"was written by another configuration \(config hash"):
-        _trainer(run_dir, "grpo", "algo.lr=3e-4")
+    with pytest.raises(CheckpointError, match=r"was written by another configuration \(it differs in: .*algo.lr"):
+        build_baseline_trainer(run_dir, "grpo", "algo.lr=3e-4")
     sd = torch.load(path, weights_only=True)
     torch.save({**sd, "layout": {"world": 2, "dp": 1, "tp": 2}}, path)
     with pytest.raises(CheckpointError, match=r"saved at world 2 = dp 1 x tp 2 and this run is world 1 = dp 1 x "
                                               r"tp 1: a baseline run resumes at the layout it was saved at"):
-        _trainer(run_dir, "grpo")
+        build_baseline_trainer(run_dir, "grpo")
     torch.save({**sd, "step": 5}, path)
     with pytest.raises(CheckpointError, match=r"saved after 5 steps and this run has 3"):
-        _trainer(run_dir, "grpo")
+        build_baseline_trainer(run_dir, "grpo")
     torch.save({**sd, "model": {k: v[:1] for k, v in sd["model"].items()}}, path)
-    with pytest.raises(CheckpointError, match=r"cannot resume from it: .*saved \(1, "):
-        _trainer(run_dir, "grpo")
+    with pytest.raises(CheckpointError, match=r"cannot resume from it: ValueError: .*saved \(1, "):
+        build_baseline_trainer(run_dir, "grpo")
+    torch.save({k: v for k, v in sd.items() if k != "layout"}, path)  # a file this version did not write
+    with pytest.raises(CheckpointError, match=r"not a baseline checkpoint this version writes \(it has no layout\)"):
+        build_baseline_trainer(run_dir, "grpo")

@@ -171,9 +171,10 @@ def test_config_json_is_written_by_rank_0_only_and_rebuilds_the_run(tmp_path):
     assert config_hash(build_config(saved, 1)) == config_hash(cfg)
 
 
-def test_a_baseline_run_dir_holding_another_models_checkpoint_is_refused(tmp_path):
-    """A stopped baseline run resumes from its checkpoint; one that is not this model's is refused in one line
-    before any weight is written (tests/integration/test_baselines_resume.py resumes real ones)."""
+def test_a_baseline_run_dir_holding_a_foreign_checkpoint_is_refused_not_trained_over(tmp_path):
+    """A stopped baseline run resumes from its checkpoint; a file there that is no checkpoint this version wrote is
+    refused in one line before any model is loaded, not trained over from step 0
+    (tests/integration/test_baselines_resume.py resumes real ones)."""
     import torch
 
     from esopt_mp.baseline_trainer import BaselineTrainer
@@ -184,6 +185,7 @@ def test_a_baseline_run_dir_holding_another_models_checkpoint_is_refused(tmp_pat
                         "objective": {"name": "agent"}, "model": {"path": "builtin:tiny_agent"}}, 1)
     (tmp_path / "baseline").mkdir()
     torch.save({"step": 2, "model": {"w": torch.zeros(3)}}, tmp_path / "baseline" / "rank0.pt")
-    with pytest.raises(CheckpointError, match=r"rank0.pt: cannot resume from it: its weights are not this model's "
-                                              r"\(names differ: "):
+    with pytest.raises(CheckpointError, match=r"no checkpoint of rank 0 can be read \(.*rank0.pt: ValueError: not a "
+                                              r"baseline checkpoint this version writes \(it has no config_hash, "
+                                              r"layout, updates\)\): move run.dir/baseline aside"):
         BaselineTrainer(cfg, ParallelDims(1, 1, 1))

@@ -42,7 +42,7 @@ from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
-from esopt_mp.runfiles import write_config
+from esopt_mp.runfiles import RunFileError, write_config
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class BaselineTrainer:
         path = resolve_model_dir(cfg.model, cfg.run.dir, dims, agent=True)  # as the ES trainer resolves it
         identity = config_identity(cfg, path)
         self.config_hash = identity["hash"]
-        resume = self._checkpoint_to_resume(identity)  # refused before any model is loaded
+        resume = self._checkpoint_to_resume(identity)  # checked before any model is loaded
         self.model = load_model(path, dims, cfg.model.dtype)
         self.tokenizer = build_tokenizer(path)
         self.player = build_player(cfg, dims, build_engine(cfg, self.model, self.tokenizer))
@@ -137,21 +137,33 @@ class BaselineTrainer:
                 "step_s": time.perf_counter() - t0, **stats}
 
     def _layout(self) -> dict:
+        """The world a checkpoint was saved in: each rank's file holds its own shards of it."""
         return {"world": self.dims.world_size, "dp": self.dims.dp, "tp": self.dims.tp}
 
-    def save(self, step: int) -> str:
-        state = {"step": step, "config_hash": self.config_hash, "layout": self._layout(),
+    def save(self, step: int) -> str | None:
+        """Every rank's checkpoint after ``step``; one verdict for all ranks, so a rank whose write failed (a full
+        disk) does not leave the others waiting in the next step's collectives."""
+        state = {"step": step, "config_hash": self.config_hash, "layout": self._layout(), "rank": self.dims.rank,
                  **self.optimizer.state_dict()}
-        return ckpt.save(self.cfg.run.dir, self.dims.rank, state)
+        path, err = None, None
+        try:
+            path = ckpt.save(self.cfg.run.dir, self.dims.rank, state)
+        except (OSError, RunFileError) as e:
+            err = CheckpointError(f"saving the checkpoint of step {step}: {type(e).__name__}: {e}; a rerun resumes "
+                                  "from the checkpoint before it")
+        agree_on_failure(self.dims, err, f"saving the checkpoint of step {step}")
+        return path
 
     def _checkpoint_to_resume(self, identity: dict) -> str | None:
         """This rank's file of the newest step every rank holds (None: start at step 0), checked against this run
-        (its config, layout, length). One verdict for all ranks: a rank that cannot resume makes every rank raise
+        (its config, layout, rank). One verdict for all ranks: a rank that cannot resume makes every rank raise
         the same line at once."""
         err = None
         mine, unreadable = ckpt.held(self.cfg.run.dir, self.dims.rank)
         _, path, why = ckpt.common_step(self.dims, mine)  # a collective: every rank calls it
         try:
+            for p in ckpt.stray(self.cfg.run.dir, self.dims.rank):
+                raise CheckpointError(f"{p} is not a regular file: a run writes its checkpoints itself; remove it")
             if unreadable and not mine:
                 raise CheckpointError(f"no checkpoint of rank {self.dims.rank} can be read ({'; '.join(unreadable)})"
                                       ": move run.dir/baseline aside to start the run over")
@@ -175,8 +187,8 @@ class BaselineTrainer:
         if sd["layout"] != self._layout():
             raise CheckpointError(f"{path} was saved at {_describe(sd['layout'])} and this run is "
                                   f"{_describe(self._layout())}: a baseline run resumes at the layout it was saved at")
-        if int(sd["step"]) > self.steps:
-            raise CheckpointError(f"{path} was saved after {sd['step']} steps and this run has {self.steps}")
+        if sd.get("rank", self.dims.rank) != self.dims.rank:
+            raise CheckpointError(f"{path} holds rank {sd['rank']}'s shards, not rank {self.dims.rank}'s")
 
     def _what_differs(self, identity: dict, saved_hash: str) -> str:
         """The fields the run.dir's config.json records differently, else the two config hashes."""
@@ -200,6 +212,7 @@ class BaselineTrainer:
         except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
             err = CheckpointError(f"{path}: cannot resume from it: {type(e).__name__}: {e}")
         agree_on_failure(self.dims, err, "resuming the run")
+        ckpt.drop_after(self.cfg.run.dir, self.dims.rank, step)
         log.info("resumed: %s checkpoint after step %d (%s)", self.name.upper(), step, path)
         return step
 
@@ -218,6 +231,7 @@ class BaselineTrainer:
 
 
 def _describe(layout: dict) -> str:
+    """A layout as the refusals name it."""
     return f"world {layout['world']} = dp {layout['dp']} x tp {layout['tp']}"
 
 

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -37,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOPPED = 75  # launch/train.py's exit status for a run stopped (SIGTERM/SIGUSR1) after its checkpoint
 sys.path.insert(0, ROOT)
 from esopt_mp.profiling.record import bench_record  # noqa: E402
+from tools.learning_jobs import AlreadyRunning, Jobs  # noqa: E402
 from tools.learning_runs import finished, launches, result, write_atomic_json  # noqa: E402
 from tools.learning_tasks import LOWRANK, METHODS, TASKS  # noqa: E402
 
@@ -96,20 +96,16 @@ def plan(task: str, methods: list[str], episodes: int | None, extra: list[str]) 
     return out
 
 
-def launch(run_dir: str, argv: list[str], seed: int, threads: int, evals: int, steps: int) -> subprocess.Popen:
+def command(run_dir: str, argv: list[str], seed: int, evals: int, steps: int) -> list[str]:
     every = max(1, steps // max(1, evals))
-    cmd = [sys.executable, "launch/train.py", f"run.seed={seed}", f"run.dir={run_dir}", f"run.eval_every={every}",
-           *argv]
-    os.makedirs(run_dir, exist_ok=True)
-    env = {**os.environ, "ESOPT_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    log = open(os.path.join(run_dir, "bench.log"), "ab")
-    log.write((" ".join(cmd) + "\n").encode())
-    # its own session: a terminal's Ctrl-C reaches the benchmark only, which stops the runs cleanly (SIGTERM)
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return [sys.executable, "launch/train.py", f"run.seed={seed}", f"run.dir={run_dir}", f"run.eval_every={every}",
+            *argv]
 
 
 def run_all(args, todo: dict[str, dict]) -> list[dict]:
-    """Every (method, seed), ``args.jobs`` at a time; finished ones are read back."""
+    """Every (method, seed), ``args.jobs`` at a time; finished ones are read back. A SIGTERM, SIGINT or SIGHUP
+    stops the runs after their step (see tools/learning_jobs.py); an error here stops them too, so none is left
+    running on its own."""
     spec = TASKS[args.task]
     success = spec.get("success", "mean")
     start_dir = None
@@ -122,34 +118,25 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
         with open(os.path.join(args.out, "report.json")) as f:
             earlier = {(r["method"], r["seed"]): r for r in json.load(f).get("runs", []) if r.get("wall_s")}
     queue = [(m, s) for m in args.methods for s in args.seeds]  # a method's seeds first: its row fills first
-    running: dict[int, tuple] = {}
-    results = []
-    previous = {sig: signal.signal(sig, lambda signum, _: _stop(signum, queue, running))
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    jobs, results = Jobs(), []
+    previous = {sig: signal.signal(sig, jobs.request_stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        _play_all(args, todo, queue, running, results, start_dir, success, earlier)
+        _play_all(args, todo, queue, jobs, results, start_dir, success, earlier)
+    except BaseException:
+        jobs.stop_all()
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return results
 
 
-def _stop(signum: int, queue: list, running: dict) -> None:
-    """SIGTERM / SIGINT to the benchmark: no run starts; each running one finishes its step, saves and exits (75)."""
-    if queue or running:
-        print(f"[bench_learning] signal {signum}: stopping; each run finishes its step and saves, and the same "
-              "command resumes them", file=sys.stderr)
-    queue.clear()
-    for pid in running:
-        try:
-            os.kill(pid, signal.SIGTERM)  # not Popen.send_signal: its poll() would reap the child before wait4 does
-        except ProcessLookupError:
-            pass
-
-
-def _play_all(args, todo, queue, running, results, start_dir, success, earlier) -> None:
-    while queue or running:
-        while queue and len(running) < args.jobs:
+def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> None:
+    env = {**os.environ, "ESOPT_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
+    row = lambda m, s, run_dir, **kw: {"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT), **kw}  # noqa
+    said = False
+    while (queue and not jobs.stopping) or jobs.running:
+        while queue and not jobs.stopping and len(jobs.running) < args.jobs:
             m, s = queue.pop(0)
             run_dir = os.path.join(args.out, f"{m}-seed{s}")
             if finished(run_dir) is not None:
@@ -160,35 +147,46 @@ def _play_all(args, todo, queue, running, results, start_dir, success, earlier) 
             if args.report_only:
                 print(f"[bench_learning] {m} seed {s}: not run (--report-only)", file=sys.stderr)
                 continue
-            proc = launch(run_dir, todo[m]["argv"], s, args.threads, args.evals, todo[m]["steps"])
-            running[proc.pid] = (m, s, run_dir, time.perf_counter(), proc)
+            try:
+                jobs.start((m, s), run_dir, command(run_dir, todo[m]["argv"], s, args.evals, todo[m]["steps"]), ROOT,
+                           env)
+            except AlreadyRunning as e:
+                print(f"[bench_learning] {m} seed {s}: not started: {e}", file=sys.stderr)
+                results.append(row(m, s, run_dir, running=True))
+                continue
             print(f"[bench_learning] {m} seed {s}: started ({todo[m]['steps']} steps of "
                   f"{todo[m]['episodes_per_step']} episodes), log {run_dir}/bench.log", file=sys.stderr)
-        if not running:
+        if not jobs.running:
             continue
-        pid, status, usage = os.wait4(-1, 0)
-        if pid not in running:
-            continue
-        m, s, run_dir, t0, proc = running.pop(pid)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0 or finished(run_dir) is None:
+        (m, s), run_dir, code, wall, rss, stopped = jobs.reap()
+        if jobs.stopping and not said:
+            said = True
+            print("[bench_learning] stopping: each run finishes its step and saves; the same command resumes them",
+                  file=sys.stderr)
+        if code != 0 or finished(run_dir) is None:
             write_atomic_json(os.path.join(run_dir, "bench_launches.json"), launches(run_dir) + [
-                {"wall_s": wall, "peak_rss_bytes": usage.ru_maxrss * 1024, "exit": proc.returncode}])
-            if proc.returncode == STOPPED:
-                print(f"[bench_learning] {m} seed {s}: stopped after its checkpoint ({wall:.0f} s); the same command "
-                      "resumes it", file=sys.stderr)
-                results.append({"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT), "stopped": True})
+                {"wall_s": wall, "peak_rss_bytes": rss, "exit": code}])
+            if stopped:
+                print(f"[bench_learning] {m} seed {s}: stopped ({wall:.0f} s); the same command resumes it",
+                      file=sys.stderr)
+                results.append(row(m, s, run_dir, stopped=True))
                 continue
             tail = open(os.path.join(run_dir, "bench.log"), errors="replace").read()[-2000:]
-            print(f"[bench_learning] {m} seed {s} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
-            results.append({"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT),
-                            "failed": proc.returncode})
+            print(f"[bench_learning] {m} seed {s} failed (exit {code}):\n{tail}", file=sys.stderr)
+            results.append(row(m, s, run_dir, failed=code))
             continue
-        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, usage.ru_maxrss * 1024, start_dir, success)
+        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, rss, start_dir, success)
         results.append(r)
         print(f"[bench_learning] {m} seed {s}: {r['before']:.3f} -> {r['after']:.3f} in {wall:.0f} s",
               file=sys.stderr)
+    for m, s in queue if jobs.stopping else []:  # not started: the stop came first
+        results.append(row(m, s, os.path.join(args.out, f"{m}-seed{s}"), stopped=True))
+
+
+def _mean(values: list) -> float | None:
+    """The mean of the values that were measured (None: a run finished by a process this benchmark did not see)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def table(results: list[dict]) -> dict[str, dict]:
@@ -203,7 +201,7 @@ def table(results: list[dict]) -> dict[str, dict]:
         row = {"runs": len(rs), "episodes": rs[0]["episodes"], "mean_before": mean("before"),
                "mean_after": mean("after"), "mean_delta": mean("delta"), "min_delta": min(r["delta"] for r in rs),
                "every_seed_up": all(r["delta"] > 0 for r in rs),
-               "mean_train_seconds": mean("train_seconds"),
+               "mean_train_seconds": _mean([r["train_seconds"] for r in rs]),
                "max_peak_rss_bytes": max(r["peak_rss_bytes"] or 0 for r in rs)}
         drifts = [r["drift"] for r in rs if "drift" in r]
         if drifts:
@@ -280,7 +278,7 @@ def main() -> None:
         json.dump(report, f, indent=1)
     report["plot"] = plot([report], args.png or os.path.join(args.out, "report.png"))
     print(json.dumps({**head, "figures": {"report": path, "plot": report["plot"], "table": report["table"]}}))
-    if any(r.get("stopped") for r in results):
+    if any(r.get("stopped") or r.get("running") for r in results):
         sys.exit(STOPPED)  # as a stopped run exits: rerun (or requeue) the same command to go on
 
 

@@ -116,7 +116,7 @@ def end_weights(run_dir: str, start_dir: str):
     from esopt_mp.drift import load_fp32_model
 
     model = load_fp32_model(start_dir)
-    model.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=False)["model"])
+    model.load_state_dict(torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)["model"])
     return model
 
 

@@ -16,6 +16,7 @@ from esopt_mp.runfiles import fsync_dir, open_run_file, run_subdir
 
 log = logging.getLogger(__name__)
 REQUIRED = ("step", "config_hash", "layout", "updates")  # and the optimizer's own state (its state_dict's keys)
+# a file also records its rank ("rank"), checked where present
 
 
 def paths(run_dir: str, rank: int) -> tuple[str, str]:
@@ -52,6 +53,22 @@ def held(run_dir: str, rank: int) -> tuple[dict[int, str], list[str]]:
             unreadable.append(f"{path}: {type(e).__name__}: {e}")
             log.warning("%s cannot be read (%s: %s); it is skipped", path, type(e).__name__, e)
     return found, unreadable
+
+
+def stray(run_dir: str, rank: int) -> list[str]:
+    """This rank's checkpoint paths that hold something a save could not replace (a folder, a link)."""
+    return [p for p in paths(run_dir, rank) if os.path.lexists(p) and (os.path.islink(p) or not os.path.isfile(p))]
+
+
+def drop_after(run_dir: str, rank: int, step: int) -> None:
+    """After resuming at ``step``: remove this rank's files of later steps (an abandoned attempt's, which the next
+    save would otherwise keep as the one before it) and unreadable ones."""
+    found, _ = held(run_dir, rank)
+    keep = {p for s, p in found.items() if s <= step}
+    for path in paths(run_dir, rank):
+        if os.path.isfile(path) and path not in keep:
+            os.remove(path)
+            log.info("removed %s: not of a step up to the resumed one (%d)", path, step)
 
 
 def read(path: str) -> dict:

@@ -145,8 +145,9 @@ class PolicyOptimizer(abc.ABC):
 
     def load_state_dict(self, sd: dict) -> None:
         """The inverse of :meth:`state_dict`, on the same layout: this rank's weights, the fp32 masters, AdamW's
-        state and the update count, so the next update is the one the saved run would have taken. Every shape is
-        checked before anything is written (a checkpoint of another layout or model is refused, not half-loaded)."""
+        state and the update count, so the next update is the one the saved run would have taken. The weights' and
+        masters' names and shapes are checked before anything is written (a checkpoint of another layout or model
+        is refused, not half-loaded); AdamW's state is checked by torch as it loads, after them."""
         if self.engine is not None:
             raise ValueError("a DeepSpeed (algo.zero_stage > 0) baseline checkpoint holds no optimizer state; "
                              "it cannot be resumed: start the run in a new run.dir")
@@ -159,9 +160,13 @@ class PolicyOptimizer(abc.ABC):
             if tuple(v.shape) != tuple(_local(state[name]).shape):
                 raise ValueError(f"{name}: saved {tuple(v.shape)}, this rank holds {tuple(_local(state[name]).shape)} "
                                  "(another model, or another tp layout)")
-        low = [n for n, w, m in zip(self.names, self.locals, self.masters) if m is not w]
+        low = {n: m for n, w, m in zip(self.names, self.locals, self.masters) if m is not w}
         if set(masters) != set(low):
             raise ValueError("its fp32 master copy does not match model.dtype (saved with another dtype)")
+        for name, m in low.items():
+            if masters[name].shape != m.shape:
+                raise ValueError(f"{name}'s master: saved {tuple(masters[name].shape)}, this rank holds "
+                                 f"{tuple(m.shape)}")
         if (self.value_head is None) != ("value_head" not in sd):
             raise ValueError("it is not this algorithm's (a value head saved for PPO only)")
         with torch.no_grad():

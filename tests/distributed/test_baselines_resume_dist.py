@@ -33,6 +33,8 @@ def _worker(rank: int, world: int, dp: int, tp: int, algo: str, root: str) -> No
     out["recovered_start"] = again.start_step
     out["recovered"] = play(again)
     out["recovered_state"] = torch.load(mine[0], weights_only=True)
+    # rank 0's step-3 file of the abandoned attempt was dropped at the resume: the one before the new save is 1's
+    out["recovered_files"] = [torch.load(p, weights_only=True)["step"] for p in mine]
     # no step held by both ranks: refused on both, in one line
     if rank == 1:
         for path in mine:
@@ -54,14 +56,15 @@ def test_a_stopped_baseline_run_resumes_bit_identical_on_every_rank(tmp_path, dp
         want = torch.load(tmp_path / "ref" / "baseline" / f"rank{rank}.pt", weights_only=True)
         assert out["cut_state"]["layout"] == {"world": 2, "dp": dp, "tp": tp}
         assert out["recovered_start"] == 1 and out["recovered"]["resumed_from"] == 1
+        assert out["recovered_files"] == [3, 1]
         for got in (out["cut_state"], out["recovered_state"]):
             for part in ("model", "optimizer", "updates", *(["value_head"] if algo == "ppo" else [])):
                 assert same(want[part], got[part]), (rank, part)
         base = tmp_path / "cut" / "baseline"
         assert out["refused"] == (f"resuming the run failed on rank 0 (and 1 other rank): {base}: no step is held "
-                                  "by every rank's checkpoint (steps saved after: rank 0: 3; rank 1: none; a save cut "
-                                  "short, files removed, or another layout's run): the run cannot resume from them; "
-                                  "start it in a new run.dir")
+                                  "by every rank's checkpoint (steps saved after: rank 0: 1, 3; rank 1: none; a save "
+                                  "cut short, files removed, or another layout's run): the run cannot resume from "
+                                  "them; start it in a new run.dir")
     if tp == 2:  # each rank saved its own shard: the files differ
         a, b = (torch.load(tmp_path / "ref" / "baseline" / f"rank{r}.pt", weights_only=True)["model"] for r in (0, 1))
         assert any(a[k].shape != b[k].shape or not torch.equal(a[k], b[k]) for k in a)

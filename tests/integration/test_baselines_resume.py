@@ -32,7 +32,7 @@ def test_a_stopped_baseline_run_resumes_bit_identical(tmp_path, algo, dtype):
     want, got = _final(ref), _final(cut)
     assert want["step"] == got["step"] == 3
     parts = [*PARTS, *(["value_head"] if algo == "ppo" else []), *(["master"] if dtype != "float32" else [])]
-    assert set(want) == {"step", "config_hash", "layout", *parts}
+    assert set(want) == {"step", "config_hash", "layout", "rank", *parts}
     for part in parts:
         assert same(want[part], got[part]), part
     assert same(step_records(ref), step_records(cut))  # step 0 from the first process, 1 and 2 from the resumed one
@@ -47,9 +47,12 @@ def test_a_checkpoint_cut_short_gives_way_to_the_one_before_it(tmp_path):
     assert play(build_baseline_trainer(cut, "grpo", *more), stop_after=2) == {"stopped_at": 2}
     newest, before = cut / "baseline" / "rank0.pt", cut / "baseline" / "rank0.prev.pt"
     assert torch.load(before, weights_only=True)["step"] == 1
+    whole = build_baseline_trainer(cut, "grpo", *more)
+    assert whole.start_step == 2  # both readable: the newest
+    whole.close()
     newest.write_bytes(newest.read_bytes()[:1000])
     again = build_baseline_trainer(cut, "grpo", *more)
-    assert again.start_step == 1
+    assert again.start_step == 1 and not newest.exists()  # the torn file is gone: the next save cannot keep it
     play(again)
     assert all(same(_final(ref)[p], _final(cut)[p]) for p in PARTS)
     for path in (newest, before):
@@ -59,7 +62,7 @@ def test_a_checkpoint_cut_short_gives_way_to_the_one_before_it(tmp_path):
         build_baseline_trainer(cut, "grpo", *more)
 
 
-def test_a_checkpoint_of_another_run_layout_length_or_model_is_refused_in_one_line(tmp_path):
+def test_a_checkpoint_of_another_run_layout_rank_or_model_is_refused_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     assert play(build_baseline_trainer(run_dir, "grpo"), stop_after=1) == {"stopped_at": 1}
     path = run_dir / "baseline" / "rank0.pt"
@@ -70,8 +73,8 @@ def test_a_checkpoint_of_another_run_layout_length_or_model_is_refused_in_one_li
     with pytest.raises(CheckpointError, match=r"saved at world 2 = dp 1 x tp 2 and this run is world 1 = dp 1 x "
                                               r"tp 1: a baseline run resumes at the layout it was saved at"):
         build_baseline_trainer(run_dir, "grpo")
-    torch.save({**sd, "step": 5}, path)
-    with pytest.raises(CheckpointError, match=r"saved after 5 steps and this run has 3"):
+    torch.save({**sd, "rank": 1}, path)  # another rank's file moved here
+    with pytest.raises(CheckpointError, match=r"rank0.pt holds rank 1's shards, not rank 0's"):
         build_baseline_trainer(run_dir, "grpo")
     torch.save({**sd, "model": {k: v[:1] for k, v in sd["model"].items()}}, path)
     with pytest.raises(CheckpointError, match=r"cannot resume from it: ValueError: .*saved \(1, "):
@@ -79,3 +82,26 @@ def test_a_checkpoint_of_another_run_layout_length_or_model_is_refused_in_one_li
     torch.save({k: v for k, v in sd.items() if k != "layout"}, path)  # a file this version did not write
     with pytest.raises(CheckpointError, match=r"not a baseline checkpoint this version writes \(it has no layout\)"):
         build_baseline_trainer(run_dir, "grpo")
+
+
+def test_a_resume_drops_an_abandoned_attempt_s_later_file_and_a_failed_save_is_one_line(tmp_path):
+    """Resumed at the step before its newest file (that file torn), the run must not keep a later step's file of
+    the abandoned attempt as the one before its next save; a save that cannot be written is one line."""
+    run_dir, more = tmp_path / "run", ["run.checkpoint_every=1"]
+    play(build_baseline_trainer(run_dir, "grpo", *more), stop_after=2)
+    newest, before = run_dir / "baseline" / "rank0.pt", run_dir / "baseline" / "rank0.prev.pt"
+    newest.write_bytes(b"torn")
+    play(build_baseline_trainer(run_dir, "grpo", *more), stop_after=2)  # resumed at 1, saved 2 again
+    assert [torch.load(p, weights_only=True)["step"] for p in (newest, before)] == [2, 1]
+    before.unlink()
+    before.mkdir()  # something a save cannot replace
+    with pytest.raises(CheckpointError, match=r"rank0.prev.pt is not a regular file: a run writes its checkpoints "
+                                              r"itself; remove it"):
+        build_baseline_trainer(run_dir, "grpo", *more)
+    before.rmdir()
+    trainer = build_baseline_trainer(run_dir, "grpo", *more)
+    (run_dir / "baseline" / "rank0.pt.tmp").mkdir()  # the write itself fails
+    with pytest.raises(CheckpointError, match=r"saving the checkpoint of step 3: RunFileError: .*rank0.pt.tmp is "
+                                              r"not a regular file.*a rerun resumes from the checkpoint before it"):
+        trainer.save(3)
+    trainer.close()

@@ -92,10 +92,16 @@ def summary_screen(s: dict) -> str:
     return "\n".join(lines)
 
 
+def last_per_step(records: list[dict], key: str) -> list[dict]:
+    """Each ``key`` step's last record, in step order: a step played again after a resume from an older checkpoint
+    (a kill between checkpoints) is drawn once, and the axis never runs back."""
+    return sorted({r[key]: r for r in records if key in r}.values(), key=lambda r: r[key])
+
+
 def plot_run(metrics_path: str, out_png: str, title: str = "") -> str | None:
     """Returns (training mean/max and held-out, on one step axis), sigma (the baselines: KL) and seconds per step
-    from ``metrics.jsonl`` into one PNG titled ``title`` (the run and its settings). A line a crash tore is skipped
-    (the end of a run never fails on it); the PNG replaces ``out_png`` whole (a link there is replaced, not
+    from ``metrics.jsonl`` into one PNG titled ``title`` (the run and its settings), a step repeated by a resume
+    drawn once. A line a crash tore is skipped (the end of a run never fails on it); the PNG replaces ``out_png`` whole (a link there is replaced, not
     followed)."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure registry to import
     from matplotlib.ticker import MaxNLocator
@@ -108,6 +114,7 @@ def plot_run(metrics_path: str, out_png: str, title: str = "") -> str | None:
             evals.append(r)
     if not steps:
         return None
+    steps, evals = last_per_step(steps, "step"), last_per_step(evals, "eval_step")
     fig = Figure(figsize=(13, 4.2))
     ax = fig.subplots(1, 3)
     x = [r["step"] for r in steps]

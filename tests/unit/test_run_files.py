@@ -10,7 +10,7 @@ import torch
 from esopt_mp.config import build_config
 from esopt_mp.identity import config_identity
 from esopt_mp.ledger import Ledger
-from esopt_mp.metrics import MetricsWriter, plot_run
+from esopt_mp.metrics import MetricsWriter, last_per_step, plot_run
 from esopt_mp.parallel import ParallelDims
 
 STEP = {"step": 0, "return_mean": 0.1, "return_max": 0.2, "sigma": 0.01, "rollout_s": 1.0, "step_s": 1.5}
@@ -52,6 +52,12 @@ def test_a_torn_line_in_metrics_never_fails_the_plot(tmp_path):
                 b"\0" * 64 + b'{"eval_step": 1, "eval": 0.6}\n' + b'{"eval_st')  # zeros, then the torn tail
     out = plot_run(str(path), str(tmp_path / "training.png"))
     assert out and os.path.getsize(out) > 0
+
+
+def test_a_step_played_again_after_a_resume_is_drawn_once_in_step_order():
+    rows = [{"step": 0, "r": "a"}, {"step": 1, "r": "a"}, {"step": 2, "r": "a"}, {"step": 1, "r": "b"},
+            {"step": 2, "r": "b"}, {"eval": 0.5}]
+    assert last_per_step(rows, "step") == [{"step": 0, "r": "a"}, {"step": 1, "r": "b"}, {"step": 2, "r": "b"}]
 
 
 def test_a_resumed_run_cuts_the_torn_tail_of_trajectories(tmp_path):

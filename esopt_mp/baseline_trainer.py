@@ -42,7 +42,7 @@ from esopt_mp.identity import config_identity, diff_identity
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
-from esopt_mp.runfiles import RunFileError, write_config
+from esopt_mp.runfiles import write_config
 
 log = logging.getLogger(__name__)
 
@@ -143,15 +143,15 @@ class BaselineTrainer:
     def save(self, step: int) -> str | None:
         """Every rank's checkpoint after ``step``; one verdict for all ranks, so a rank whose write failed (a full
         disk) does not leave the others waiting in the next step's collectives."""
-        state = {"step": step, "config_hash": self.config_hash, "layout": self._layout(), "rank": self.dims.rank,
-                 **self.optimizer.state_dict()}
         path, err = None, None
         try:
+            state = {"step": step, "config_hash": self.config_hash, "layout": self._layout(), "rank": self.dims.rank,
+                     **self.optimizer.state_dict()}
             path = ckpt.save(self.cfg.run.dir, self.dims.rank, state)
-        except (OSError, RunFileError) as e:
-            err = CheckpointError(f"saving the checkpoint of step {step}: {type(e).__name__}: {e}; a rerun resumes "
-                                  "from the checkpoint before it")
-        agree_on_failure(self.dims, err, f"saving the checkpoint of step {step}")
+        except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
+            err = CheckpointError(f"the checkpoint of step {step} was not written ({type(e).__name__}: {e}); a rerun "
+                                  "resumes from the one before it")
+        agree_on_failure(self.dims, err, "saving")
         return path
 
     def _checkpoint_to_resume(self, identity: dict) -> str | None:
@@ -209,10 +209,10 @@ class BaselineTrainer:
             sd = ckpt.read(path)
             self.optimizer.load_state_dict(sd)
             step = int(sd["step"])
+            ckpt.set_aside_after(self.cfg.run.dir, self.dims.rank, path, step)
         except Exception as e:  # noqa: BLE001 (agreed on, then raised on every rank)
             err = CheckpointError(f"{path}: cannot resume from it: {type(e).__name__}: {e}")
         agree_on_failure(self.dims, err, "resuming the run")
-        ckpt.drop_after(self.cfg.run.dir, self.dims.rank, step)
         log.info("resumed: %s checkpoint after step %d (%s)", self.name.upper(), step, path)
         return step
 

@@ -155,6 +155,9 @@ def main(hcfg: DictConfig) -> None:
             except (StartupError, RunFileError) as e:  # found at the first evaluation (a harness that never calls
                 print(f"error: {e}", file=sys.stderr)  # its endpoint), or a link planted in run.dir as it ran
                 summary, code = None, 2
+            except CheckpointError as e:  # a checkpoint that could not be written (every rank says the same line)
+                print(f"error: {e}", file=sys.stderr)
+                summary, code = None, 1
             except Exception as e:  # a peer gone mid-step (killed, its node lost): one line on each survivor
                 why = lost_peer(e)
                 if why is None:

@@ -119,7 +119,8 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
             earlier = {(r["method"], r["seed"]): r for r in json.load(f).get("runs", []) if r.get("wall_s")}
     queue = [(m, s) for m in args.methods for s in args.seeds]  # a method's seeds first: its row fills first
     jobs, results = Jobs(), []
-    previous = {sig: signal.signal(sig, jobs.request_stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, jobs.request_stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # under nohup a hangup stays ignored
     try:
         _play_all(args, todo, queue, jobs, results, start_dir, success, earlier)
     except BaseException:
@@ -134,7 +135,6 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
 def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> None:
     env = {**os.environ, "ESOPT_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     row = lambda m, s, run_dir, **kw: {"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT), **kw}  # noqa
-    said = False
     while (queue and not jobs.stopping) or jobs.running:
         while queue and not jobs.stopping and len(jobs.running) < args.jobs:
             m, s = queue.pop(0)
@@ -148,8 +148,10 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
                 print(f"[bench_learning] {m} seed {s}: not run (--report-only)", file=sys.stderr)
                 continue
             try:
-                jobs.start((m, s), run_dir, command(run_dir, todo[m]["argv"], s, args.evals, todo[m]["steps"]), ROOT,
-                           env)
+                if not jobs.start((m, s), run_dir, command(run_dir, todo[m]["argv"], s, args.evals, todo[m]["steps"]),
+                                  ROOT, env):
+                    queue.insert(0, (m, s))  # the stop came first
+                    break
             except AlreadyRunning as e:
                 print(f"[bench_learning] {m} seed {s}: not started: {e}", file=sys.stderr)
                 results.append(row(m, s, run_dir, running=True))
@@ -159,10 +161,6 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
         if not jobs.running:
             continue
         (m, s), run_dir, code, wall, rss, stopped = jobs.reap()
-        if jobs.stopping and not said:
-            said = True
-            print("[bench_learning] stopping: each run finishes its step and saves; the same command resumes them",
-                  file=sys.stderr)
         if code != 0 or finished(run_dir) is None:
             write_atomic_json(os.path.join(run_dir, "bench_launches.json"), launches(run_dir) + [
                 {"wall_s": wall, "peak_rss_bytes": rss, "exit": code}])
@@ -179,8 +177,11 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
         results.append(r)
         print(f"[bench_learning] {m} seed {s}: {r['before']:.3f} -> {r['after']:.3f} in {wall:.0f} s",
               file=sys.stderr)
-    for m, s in queue if jobs.stopping else []:  # not started: the stop came first
-        results.append(row(m, s, os.path.join(args.out, f"{m}-seed{s}"), stopped=True))
+    for m, s in queue if jobs.stopping else []:  # not started: the stop came first (a finished one is read back)
+        run_dir = os.path.join(args.out, f"{m}-seed{s}")
+        results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], None, None, start_dir, success,
+                              kept=earlier.get((m, s))) if finished(run_dir) is not None else
+                       row(m, s, run_dir, stopped=True))
 
 
 def _mean(values: list) -> float | None:
@@ -278,7 +279,9 @@ def main() -> None:
         json.dump(report, f, indent=1)
     report["plot"] = plot([report], args.png or os.path.join(args.out, "report.png"))
     print(json.dumps({**head, "figures": {"report": path, "plot": report["plot"], "table": report["table"]}}))
-    if any(r.get("stopped") or r.get("running") for r in results):
+    if any(r.get("failed") is not None or r.get("running") for r in results):
+        sys.exit(1)  # a run failed, or another process still runs one: rerunning would not help by itself
+    if any(r.get("stopped") for r in results):
         sys.exit(STOPPED)  # as a stopped run exits: rerun (or requeue) the same command to go on
 
 

@@ -60,15 +60,20 @@ def stray(run_dir: str, rank: int) -> list[str]:
     return [p for p in paths(run_dir, rank) if os.path.lexists(p) and (os.path.islink(p) or not os.path.isfile(p))]
 
 
-def drop_after(run_dir: str, rank: int, step: int) -> None:
-    """After resuming at ``step``: remove this rank's files of later steps (an abandoned attempt's, which the next
-    save would otherwise keep as the one before it) and unreadable ones."""
-    found, _ = held(run_dir, rank)
-    keep = {p for s, p in found.items() if s <= step}
+def set_aside_after(run_dir: str, rank: int, loaded: str, step: int) -> None:
+    """After resuming at ``step`` from ``loaded``: move this rank's other file aside (``<name>.set-aside``) when it is
+    of a later step (an abandoned attempt's, which the next save would otherwise keep as the one before it) or cannot
+    be read (a torn file). Moved, not deleted: a read that failed for a passing reason loses nothing."""
     for path in paths(run_dir, rank):
-        if os.path.isfile(path) and path not in keep:
-            os.remove(path)
-            log.info("removed %s: not of a step up to the resumed one (%d)", path, step)
+        if path == loaded or not os.path.isfile(path):
+            continue
+        try:
+            later = int(read(path)["step"]) > step
+        except Exception:  # noqa: BLE001 - unreadable: not a file the next save may keep
+            later = True
+        if later:
+            os.replace(path, path + ".set-aside")
+            log.info("moved %s aside: not of a step up to the resumed one (%d)", path, step)
 
 
 def read(path: str) -> dict:

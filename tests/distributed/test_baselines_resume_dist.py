@@ -33,7 +33,7 @@ def _worker(rank: int, world: int, dp: int, tp: int, algo: str, root: str) -> No
     out["recovered_start"] = again.start_step
     out["recovered"] = play(again)
     out["recovered_state"] = torch.load(mine[0], weights_only=True)
-    # rank 0's step-3 file of the abandoned attempt was dropped at the resume: the one before the new save is 1's
+    # rank 0's step-3 file of the abandoned attempt was moved aside at the resume: the one before the new save is 1's
     out["recovered_files"] = [torch.load(p, weights_only=True)["step"] for p in mine]
     # no step held by both ranks: refused on both, in one line
     if rank == 1:
@@ -43,6 +43,15 @@ def _worker(rank: int, world: int, dp: int, tp: int, algo: str, root: str) -> No
         build_baseline_trainer(cut, algo, dims=dims).close()
     except CheckpointError as e:
         out["refused"] = str(e)
+    # a save that fails on rank 1 only: both ranks raise the same line (neither waits for the other)
+    fresh = build_baseline_trainer(os.path.join(root, "fresh"), algo, dims=dims)
+    if rank == 1:
+        os.makedirs(os.path.join(root, "fresh", "baseline", "rank1.pt.tmp"))
+    try:
+        fresh.save(1)
+    except CheckpointError as e:
+        out["save_failed"] = str(e)
+    fresh.close()
     torch.save(out, os.path.join(root, f"out{rank}.pt"))
 
 
@@ -65,6 +74,9 @@ def test_a_stopped_baseline_run_resumes_bit_identical_on_every_rank(tmp_path, dp
                                   "by every rank's checkpoint (steps saved after: rank 0: 1, 3; rank 1: none; a save "
                                   "cut short, files removed, or another layout's run): the run cannot resume from "
                                   "them; start it in a new run.dir")
+        assert out["save_failed"].startswith("saving failed on rank 1: the checkpoint of step 1 was not written "
+                                             "(RunFileError: ") and "rank1.pt.tmp is not a regular file" in \
+            out["save_failed"]
     if tp == 2:  # each rank saved its own shard: the files differ
         a, b = (torch.load(tmp_path / "ref" / "baseline" / f"rank{r}.pt", weights_only=True)["model"] for r in (0, 1))
         assert any(a[k].shape != b[k].shape or not torch.equal(a[k], b[k]) for k in a)

@@ -84,15 +84,16 @@ def test_a_checkpoint_of_another_run_layout_rank_or_model_is_refused_in_one_line
         build_baseline_trainer(run_dir, "grpo")
 
 
-def test_a_resume_drops_an_abandoned_attempt_s_later_file_and_a_failed_save_is_one_line(tmp_path):
-    """Resumed at the step before its newest file (that file torn), the run must not keep a later step's file of
-    the abandoned attempt as the one before its next save; a save that cannot be written is one line."""
+def test_a_resume_sets_a_torn_newest_file_aside_and_a_failed_save_is_one_line(tmp_path):
+    """Resumed at the step before its newest file (that file torn), the run must not keep that file as the one
+    before its next save (it is moved aside); a save that cannot be written is one line."""
     run_dir, more = tmp_path / "run", ["run.checkpoint_every=1"]
     play(build_baseline_trainer(run_dir, "grpo", *more), stop_after=2)
     newest, before = run_dir / "baseline" / "rank0.pt", run_dir / "baseline" / "rank0.prev.pt"
     newest.write_bytes(b"torn")
     play(build_baseline_trainer(run_dir, "grpo", *more), stop_after=2)  # resumed at 1, saved 2 again
     assert [torch.load(p, weights_only=True)["step"] for p in (newest, before)] == [2, 1]
+    assert (run_dir / "baseline" / "rank0.pt.set-aside").read_bytes() == b"torn"
     before.unlink()
     before.mkdir()  # something a save cannot replace
     with pytest.raises(CheckpointError, match=r"rank0.prev.pt is not a regular file: a run writes its checkpoints "
@@ -101,7 +102,7 @@ def test_a_resume_drops_an_abandoned_attempt_s_later_file_and_a_failed_save_is_o
     before.rmdir()
     trainer = build_baseline_trainer(run_dir, "grpo", *more)
     (run_dir / "baseline" / "rank0.pt.tmp").mkdir()  # the write itself fails
-    with pytest.raises(CheckpointError, match=r"saving the checkpoint of step 3: RunFileError: .*rank0.pt.tmp is "
-                                              r"not a regular file.*a rerun resumes from the checkpoint before it"):
+    with pytest.raises(CheckpointError, match=r"the checkpoint of step 3 was not written \(RunFileError: .*rank0.pt"
+                                              r".tmp is not a regular file.*\); a rerun resumes from the one before"):
         trainer.save(3)
     trainer.close()

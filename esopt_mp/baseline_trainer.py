@@ -19,7 +19,6 @@ resumes at the layout it was saved at (each rank reads its own file).
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -38,7 +37,7 @@ from esopt_mp.config import TrainConfig
 from esopt_mp.engine.base import SamplingParams
 from esopt_mp.core.errors import FAILURE_KINDS
 from esopt_mp.es.seeds import stream_seed
-from esopt_mp.identity import config_identity, diff_identity
+from esopt_mp.identity import config_identity, recorded_difference
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import load_model, resolve_model_dir
 from esopt_mp.parallel import CommStats, ParallelDims
@@ -160,10 +159,12 @@ class BaselineTrainer:
         the same line at once."""
         err = None
         mine, unreadable = ckpt.held(self.cfg.run.dir, self.dims.rank)
-        _, path, why = ckpt.common_step(self.dims, mine)  # a collective: every rank calls it
+        path, why = ckpt.common_step(self.dims, mine)  # a collective: every rank calls it
         try:
-            for p in ckpt.stray(self.cfg.run.dir, self.dims.rank):
-                raise CheckpointError(f"{p} is not a regular file: a run writes its checkpoints itself; remove it")
+            stray = ckpt.stray(self.cfg.run.dir, self.dims.rank)
+            if stray:
+                raise CheckpointError(f"{stray[0]} is not a regular file: a run writes its checkpoints itself; "
+                                      "remove it")
             if unreadable and not mine:
                 raise CheckpointError(f"no checkpoint of rank {self.dims.rank} can be read ({'; '.join(unreadable)})"
                                       ": move run.dir/baseline aside to start the run over")
@@ -181,7 +182,9 @@ class BaselineTrainer:
     def _check(self, path: str, identity: dict) -> None:
         sd = ckpt.read(path)
         if sd["config_hash"] != self.config_hash:
-            what = self._what_differs(identity, sd["config_hash"])
+            what = recorded_difference(self.cfg.run.dir, identity["fields"])
+            what = f"it differs in: {what}" if what else \
+                f"config hash {sd['config_hash']}, this run's {identity['hash']}"
             raise CheckpointError(f"{path} was written by another configuration ({what}): rerun with that run's "
                                   "settings to resume it, or use a new run.dir")
         if sd["layout"] != self._layout():
@@ -189,16 +192,6 @@ class BaselineTrainer:
                                   f"{_describe(self._layout())}: a baseline run resumes at the layout it was saved at")
         if sd.get("rank", self.dims.rank) != self.dims.rank:
             raise CheckpointError(f"{path} holds rank {sd['rank']}'s shards, not rank {self.dims.rank}'s")
-
-    def _what_differs(self, identity: dict, saved_hash: str) -> str:
-        """The fields the run.dir's config.json records differently, else the two config hashes."""
-        try:
-            with open(os.path.join(self.cfg.run.dir, "config.json")) as f:
-                old = json.load(f).get("identity")
-            what = diff_identity(old, identity["fields"]) if isinstance(old, dict) else ""
-        except (OSError, ValueError):
-            what = ""
-        return f"it differs in: {what}" if what else f"config hash {saved_hash}, this run's {identity['hash']}"
 
     def _resume(self, path: str | None) -> int:
         """Load the checked checkpoint ``path`` (weights, fp32 masters, AdamW state, value head): its step."""

@@ -78,6 +78,17 @@ def diff_identity(old: dict, new: dict, limit: int = 6) -> str:
     return "; ".join(parts)
 
 
+def recorded_difference(run_dir: str, fields: dict) -> str:
+    """What ``fields`` (an identity's) changes against the identity ``run_dir/config.json`` recorded: ``""`` when
+    none is recorded (or it cannot be read) or nothing differs."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            old = json.load(f).get("identity")
+    except (OSError, ValueError):
+        return ""
+    return diff_identity(old, fields) if isinstance(old, dict) else ""
+
+
 def digest(fields: dict) -> str:
     """The config hash of a nested dict of hashed settings (16 hex digits of a SHA-256 of its sorted JSON)."""
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -101,8 +101,8 @@ def last_per_step(records: list[dict], key: str) -> list[dict]:
 def plot_run(metrics_path: str, out_png: str, title: str = "") -> str | None:
     """Returns (training mean/max and held-out, on one step axis), sigma (the baselines: KL) and seconds per step
     from ``metrics.jsonl`` into one PNG titled ``title`` (the run and its settings), a step repeated by a resume
-    drawn once. A line a crash tore is skipped (the end of a run never fails on it); the PNG replaces ``out_png`` whole (a link there is replaced, not
-    followed)."""
+    drawn once. A line a crash tore is skipped (the end of a run never fails on it); the PNG replaces ``out_png``
+    whole (a link there is replaced, not followed)."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure registry to import
     from matplotlib.ticker import MaxNLocator
 

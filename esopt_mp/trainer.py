@@ -16,7 +16,6 @@ the ledger ends.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
@@ -34,7 +33,7 @@ from esopt_mp.es import Schedule, population, shape_returns
 from esopt_mp.es.hostmem import malloc_trim
 from esopt_mp.es.perturber import exact_restore
 from esopt_mp.core.types import Member
-from esopt_mp.identity import config_identity, diff_identity
+from esopt_mp.identity import config_identity, recorded_difference
 from esopt_mp.ledger import Health, updates_digest
 from esopt_mp.metrics import MetricsWriter
 from esopt_mp.models import resolve_model_dir
@@ -160,12 +159,7 @@ class ESTrainer:
 
     def _what_differs(self) -> str:
         """'; it differs in: ...' from the identity the run's config.json recorded ('' if none is recorded)."""
-        try:
-            with open(os.path.join(self.cfg.run.dir, "config.json")) as f:
-                old = json.load(f).get("identity")
-        except (OSError, ValueError):
-            return ""
-        what = diff_identity(old, self.identity["fields"]) if isinstance(old, dict) else ""
+        what = recorded_difference(self.cfg.run.dir, self.identity["fields"])
         return f"; it differs in: {what}" if what else ""
 
     # ------------------------------------------------------------------ run

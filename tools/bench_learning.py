@@ -135,13 +135,14 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
 def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> None:
     env = {**os.environ, "ESOPT_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     row = lambda m, s, run_dir, **kw: {"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT), **kw}  # noqa
+    read_back = lambda m, s, run_dir: result(m, s, run_dir, todo[m]["episodes_per_step"], None, None,  # noqa: E731
+                                             start_dir, success, kept=earlier.get((m, s)))
     while (queue and not jobs.stopping) or jobs.running:
         while queue and not jobs.stopping and len(jobs.running) < args.jobs:
             m, s = queue.pop(0)
             run_dir = os.path.join(args.out, f"{m}-seed{s}")
             if finished(run_dir) is not None:
-                results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], None, None, start_dir, success,
-                                      kept=earlier.get((m, s))))
+                results.append(read_back(m, s, run_dir))
                 print(f"[bench_learning] {m} seed {s}: finished before, read back", file=sys.stderr)
                 continue
             if args.report_only:
@@ -179,9 +180,7 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
               file=sys.stderr)
     for m, s in queue if jobs.stopping else []:  # not started: the stop came first (a finished one is read back)
         run_dir = os.path.join(args.out, f"{m}-seed{s}")
-        results.append(result(m, s, run_dir, todo[m]["episodes_per_step"], None, None, start_dir, success,
-                              kept=earlier.get((m, s))) if finished(run_dir) is not None else
-                       row(m, s, run_dir, stopped=True))
+        results.append(read_back(m, s, run_dir) if finished(run_dir) is not None else row(m, s, run_dir, stopped=True))
 
 
 def _mean(values: list) -> float | None:

@@ -56,6 +56,9 @@ class Jobs:
         os.write(2, b"[bench_learning] stopping: each run finishes its step and saves; the same command resumes "
                     b"them (a second signal kills them)\n" if sig == signal.SIGTERM else
                     b"[bench_learning] killing the runs\n")  # not print: a handler must not reenter buffered I/O
+        self._signal_all(sig)
+
+    def _signal_all(self, sig: int) -> None:
         for pid in list(self.running):
             _signal(pid, sig)
 
@@ -99,7 +102,6 @@ class Jobs:
         """Stop every run and wait for each (the benchmark is going away: none is left running on its own); a
         signal while it waits kills them."""
         self.stopping = max(self.stopping, 1)
-        for pid in list(self.running):
-            _signal(pid, signal.SIGTERM)
+        self._signal_all(signal.SIGTERM)
         while self.running:
             self.reap()

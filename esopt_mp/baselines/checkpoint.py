@@ -85,16 +85,15 @@ def read(path: str) -> dict:
     return sd
 
 
-def common_step(dims, mine: dict[int, str]) -> tuple[int, str | None, str | None]:
-    """(the newest step every rank holds, this rank's file of it, why there is none): ``(0, None, None)`` when no
-    rank holds a checkpoint, ``(0, None, why)`` when no step is held by all of them."""
+def common_step(dims, mine: dict[int, str]) -> tuple[str | None, str | None]:
+    """(this rank's file of the newest step every rank holds, why there is none): ``(None, None)`` when no rank
+    holds a checkpoint, ``(None, why)`` when no step is held by all of them."""
     everyone = dims.comm.all_gather_object(sorted(mine), "world") if dims.world_size > 1 else [sorted(mine)]
     if not any(everyone):
-        return 0, None, None
+        return None, None
     common = set(everyone[0]).intersection(*everyone[1:])
     if not common:
         held_by = "; ".join(f"rank {r}: {', '.join(map(str, s)) or 'none'}" for r, s in enumerate(everyone))
-        return 0, None, (f"no step is held by every rank's checkpoint (steps saved after: {held_by}; a save cut "
+        return None, (f"no step is held by every rank's checkpoint (steps saved after: {held_by}; a save cut "
                          "short, files removed, or another layout's run): the run cannot resume from them")
-    step = max(common)
-    return step, mine[step], None
+    return mine[max(common)], None

@@ -94,6 +94,16 @@ def digest(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def held_out_key(cfg) -> str:
+    """What a held-out score depends on besides the weights: every setting but ``run.*`` (its seed kept), layout
+    and paths included. A resumed run reuses a score recorded at its step under the same key; any other setting
+    (``env.n_eval``, another ``parallel.tp`` whose reductions round differently, a moved eval file) evaluates again.
+    A file edited in place under the same path is not seen: a new run.dir, or a changed setting, evaluates it."""
+    d = cfg.to_dict()
+    d["run"] = {"seed": d["run"]["seed"]}
+    return digest(d)
+
+
 def config_hash(cfg, model_dir: str | None = None) -> str:
     """The hash of what determines a run's weights (:func:`identity_fields`); a requeue may change anything else.
 

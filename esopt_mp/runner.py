@@ -6,6 +6,7 @@ saves, how it stops on a signal and what its summary holds.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -14,9 +15,11 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+from esopt_mp.identity import held_out_key
 from esopt_mp.lazy import moved_names
 from esopt_mp.metrics import plot_run, summary_screen
 from esopt_mp.progress import StepProgress
+from esopt_mp.runfiles import read_jsonl
 
 if TYPE_CHECKING:
     from esopt_mp.config import TrainConfig
@@ -103,24 +106,34 @@ def peak_memory() -> dict:
     return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def run(trainer: Trainer, stop: Stop | None = None) -> dict:
-    """Evaluate, take steps ``start_step .. steps - 1``, evaluate, export: the summary, or ``{"stopped_at": n}``
-    when a stop request (on any rank: the ranks agree at the step boundary) ended the run after ``n`` steps."""
-    stop = stop if stop is not None else Stop()
+@contextlib.contextmanager
+def stop_on_signals(stop: Stop):
+    """``stop`` handles SIGUSR1/SIGTERM while the block runs (the handlers before it come back after): a launcher
+    enters it before the model loads, so a scheduler's signal then stops the run instead of killing it."""
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
-        return _run(trainer, stop)
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
+def run(trainer: Trainer, stop: Stop | None = None) -> dict:
+    """Evaluate, take steps ``start_step .. steps - 1``, evaluate, export: the summary, or ``{"stopped_at": n}``
+    when a stop request (on any rank: the ranks agree at the step boundary) ended the run after ``n`` steps; a
+    request made before the first step (as the model loaded, or during the first evaluation) ends it before it."""
+    with stop_on_signals(stop if stop is not None else Stop()) as stop:
+        return _run(trainer, stop)
+
+
 def _run(trainer: Trainer, stop: Stop) -> dict:
     run_cfg, dims, metrics, steps, name = trainer.cfg.run, trainer.dims, trainer.metrics, trainer.steps, trainer.name
     t_start = time.perf_counter()
-    before = trainer.evaluate()
-    metrics.write({"eval_step": trainer.start_step, "eval": before})
-    log.info("held-out score at step %d: %.4f", trainer.start_step, before)
+    if dims.comm.any(stop.requested):  # a signal while the model loaded: nothing to save, the rerun starts here
+        return _stopped_before(trainer)
+    before = _first_held_out(trainer)
+    if dims.comm.any(stop.requested):  # during that evaluation: its score is recorded, the rerun reuses it
+        return _stopped_before(trainer)
     progress = StepProgress(name, trainer.start_step, steps, enabled=dims.rank == 0)
     try:
         stopped = _steps(trainer, stop, progress)
@@ -129,7 +142,7 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
     if stopped is not None:
         return stopped
     after = trainer.evaluate()
-    metrics.write({"eval_step": steps, "eval": after})
+    metrics.write({"eval_step": steps, "eval": after, "eval_key": held_out_key(trainer.cfg)})
     summary = {"eval_before": before, "eval_after": after, "steps": steps, "resumed_from": trainer.start_step,
                "seconds": time.perf_counter() - t_start,
                "comm_bytes_per_step": trainer.comm_stats.total / max(1, steps - trainer.start_step)}
@@ -143,6 +156,33 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
     return summary
 
 
+def _first_held_out(trainer: Trainer) -> float:
+    """The held-out score at ``start_step``. A resumed run reuses the score its run.dir recorded at that step under
+    the same settings (:func:`~esopt_mp.identity.held_out_key`): a resume restores the weights bit for bit, so the
+    same evaluation would give the same score, at the cost of a whole evaluation per requeue."""
+    t, key, recorded = trainer.start_step, held_out_key(trainer.cfg), None
+    if t > 0:
+        if trainer.dims.rank == 0 and os.path.isfile(trainer.metrics.path):  # rank 0 writes metrics.jsonl
+            recorded = next((r["eval"] for r in reversed(read_jsonl(trainer.metrics.path))
+                             if r.get("eval_step") == t and r.get("eval_key") == key and "eval" in r), None)
+        recorded = trainer.dims.comm.broadcast_object(recorded, src=0, dim="world")
+    if recorded is not None:
+        log.info("held-out score at step %d: %.4f (recorded before the stop, not evaluated again)", t, recorded)
+        return recorded
+    score = trainer.evaluate()
+    trainer.metrics.write({"eval_step": t, "eval": score, "eval_key": key})
+    log.info("held-out score at step %d: %.4f", t, score)
+    return score
+
+
+def _stopped_before(trainer: Trainer) -> dict:
+    """A stop before the first step: nothing new to save (the run.dir holds what the run started from)."""
+    log.warning("stopped before step %d/%d on request; nothing new to save; %s", trainer.start_step + 1,
+                trainer.steps, "rerun the same command to go on" if trainer.resumes else
+                f"this {trainer.name.upper()} run cannot resume: a rerun starts in a new run.dir")
+    return {"stopped_at": trainer.start_step}
+
+
 def _steps(trainer: Trainer, stop: Stop, progress: StepProgress) -> dict | None:
     """The steps, each logged, evaluated and checkpointed at its cadence; ``{"stopped_at": n}`` on a stop."""
     run_cfg, dims, metrics, steps = trainer.cfg.run, trainer.dims, trainer.metrics, trainer.steps
@@ -153,7 +193,7 @@ def _steps(trainer: Trainer, stop: Stop, progress: StepProgress) -> dict | None:
         held_out = None
         if run_cfg.eval_every and (t + 1) % run_cfg.eval_every == 0 and t + 1 < steps:
             held_out = trainer.evaluate()
-            metrics.write({"eval_step": t + 1, "eval": held_out})
+            metrics.write({"eval_step": t + 1, "eval": held_out, "eval_key": held_out_key(trainer.cfg)})
         progress.step(t, rec, held_out)
         last = t + 1 == steps
         stopping = dims.comm.any(stop.requested)  # one verdict for all ranks, at the step boundary

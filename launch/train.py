@@ -102,6 +102,13 @@ def torch_threads() -> int:
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(hcfg: DictConfig) -> None:
+    from esopt_mp.runner import Stop, stop_on_signals
+
+    with stop_on_signals(Stop()) as stop:  # from here on a SIGTERM/SIGUSR1 stops the run: exit 75, not a kill
+        _main(hcfg, stop)
+
+
+def _main(hcfg: DictConfig, stop) -> None:
     import torch
 
     from esopt_mp.config import build_config
@@ -151,7 +158,7 @@ def main(hcfg: DictConfig) -> None:
             code = 2  # holds another run (its config hash), a checkpoint that cannot be resumed or a link: one line
         if trainer is not None:
             try:
-                summary = run(trainer)
+                summary = run(trainer, stop)
             except (StartupError, RunFileError) as e:  # found at the first evaluation (a harness that never calls
                 print(f"error: {e}", file=sys.stderr)  # its endpoint), or a link planted in run.dir as it ran
                 summary, code = None, 2

@@ -39,12 +39,14 @@ def test_launch_baseline_writes_es_compatible_metrics(tmp_path, algo):
 
 def test_a_signal_stops_a_baseline_after_the_step_and_the_same_command_resumes_it(tmp_path):
     """SIGUSR1 during a GRPO run: it finishes the step, saves its checkpoint and exits 75 (the slurm scripts
-    requeue on 75), as ES does; the same command then resumes at the next step and finishes the run
-    (tests/integration/test_baselines_resume.py shows the resumed run equals an uninterrupted one)."""
+    requeue on 75), as ES does; the same command then resumes at the next step, without evaluating again the
+    weights it evaluated before the stop, and finishes the run (tests/integration/test_baselines_resume.py shows
+    the resumed run equals an uninterrupted one)."""
     run_dir, steps = tmp_path / "run", 6
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    args = [sys.executable, "launch/train.py", "algo=grpo", *SHORT, f"es.steps={steps}", "run.checkpoint_every=0",
-            f"run.dir={run_dir}"]
+    short = [a for a in SHORT if not a.startswith("run.eval_every=")]
+    args = [sys.executable, "launch/train.py", "algo=grpo", *short, "run.eval_every=1", f"es.steps={steps}",
+            "run.checkpoint_every=0", f"run.dir={run_dir}"]
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics, deadline = run_dir / "metrics.jsonl", time.time() + 300
     while time.time() < deadline and proc.poll() is None and \
@@ -63,10 +65,12 @@ def test_a_signal_stops_a_baseline_after_the_step_and_the_same_command_resumes_i
     rerun = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed: GRPO checkpoint after step {stopped}" in rerun.stderr
+    assert f"held-out score at step {stopped}: " in rerun.stderr and "not evaluated again" in rerun.stderr
     summary = json.loads([l for l in rerun.stdout.splitlines() if l.startswith("{")][-1])
     assert (summary["resumed_from"], summary["steps"]) == (stopped, steps)
     rows = [json.loads(l) for l in metrics.read_text().splitlines()]
     assert sorted({r["step"] for r in rows if "step" in r}) == list(range(steps))
+    assert [r["eval_step"] for r in rows if "eval" in r] == list(range(steps + 1))  # each step's score once
     assert torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)["step"] == steps
 
 

@@ -22,7 +22,7 @@ def _start(run_dir):
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+                   MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
         procs.append(subprocess.Popen([sys.executable, "launch/train.py", *ARGS, f"run.dir={run_dir}"], cwd=ROOT,
                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     return procs
@@ -65,3 +65,21 @@ def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
     assert _ledger(run) == _ledger(ref)
     a, b = (read_checkpoint(str(d / "ckpt" / f"step_{STEPS:06d}")) for d in (ref, run))
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_a_signal_to_one_rank_as_the_run_starts_stops_both_before_the_first_step(tmp_path):
+    """A scheduler's signal while the ranks load the model (before any step) stops the run, not kills it: exit 75
+    on both ranks, nothing written as a step, and the same command then runs it whole."""
+    run = tmp_path / "run"
+    procs = _start(run)
+    deadline = time.time() + 300
+    for line in procs[0].stderr:  # logged once both ranks are in the process group: both handle the signal
+        if "CPU threads per rank" in line or time.time() > deadline:
+            break
+    procs[1].send_signal(signal.SIGTERM)
+    results = _wait(procs)
+    assert [rc for rc, _ in results] == [75, 75], [err[-2000:] for _, err in results]
+    assert all(f"stopped before step 1/{STEPS} on request; nothing new to save" in err for _, err in results)
+    assert not (run / "history.jsonl").exists() or _ledger(run) == []
+    assert [rc for rc, _ in _wait(_start(run))] == [0, 0]
+    assert [r["step"] for r in _ledger(run)] == list(range(STEPS))

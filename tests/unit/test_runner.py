@@ -26,6 +26,9 @@ class AnyComm:
         self.flags.append(flag)
         return flag
 
+    def broadcast_object(self, obj=None, src=0, dim="tp"):
+        return obj
+
 
 class FakeTrainer:
     name = "fake"
@@ -50,6 +53,8 @@ class FakeTrainer:
     def evaluate(self):
         self.calls.append(("evaluate",))
         self.evals += 1
+        if self.signal_at == "evaluate":
+            os.kill(os.getpid(), signal.SIGTERM)  # the first evaluation of a run is under way
         return self.evals / 100
 
     def save(self, step):
@@ -84,7 +89,7 @@ def test_order_of_calls_and_the_cadences(tmp_path):
                         ("step", 3), ("evaluate",), ("poll",),
                         ("step", 4), ("save", 5), ("wait",),  # the last step: the final checkpoint, waited for
                         ("evaluate",), ("finish",)]  # close is the caller's
-    assert tr.dims.comm.flags == [False] * 5  # one stop agreement per step
+    assert tr.dims.comm.flags == [False] * 7  # before and after the first evaluation, then one per step
     rows = _records(tmp_path)
     assert [(r.get("step"), r.get("eval_step")) for r in rows[:-1]] == \
         [(None, 0), (0, None), (None, 2), (2, None), (None, 4), (4, None), (None, 5)]
@@ -118,16 +123,30 @@ def test_a_signal_mid_step_checkpoints_after_that_step_and_stops(tmp_path, resum
     assert ("rerun the same command to resume" in caplog.text) is resumes
     assert ("this FAKE run cannot resume: a rerun starts in a new run.dir" in caplog.text) is not resumes
     assert tr.calls == [("evaluate",), ("step", 0), ("poll",), ("step", 1), ("save", 2), ("wait",)]
-    assert tr.dims.comm.flags == [False, True]
+    assert tr.dims.comm.flags == [False, False, False, True]
     assert signal.getsignal(signal.SIGUSR1) == before  # the run's handler is gone with the run
     assert not any("summary" in r for r in _records(tmp_path))
 
 
 def test_a_stop_on_the_last_step_finishes_the_run(tmp_path):
-    tr = FakeTrainer(tmp_path, steps=1, checkpoint_every=0)
-    summary = run(tr, Stop(requested=True))
+    tr = FakeTrainer(tmp_path, steps=1, checkpoint_every=0, signal_at=0)
+    summary = run(tr)
     assert tr.calls == [("evaluate",), ("step", 0), ("save", 1), ("wait",), ("evaluate",), ("finish",)]
     assert summary["steps"] == 1
+
+
+def test_a_stop_before_the_first_step_ends_the_run_before_it(tmp_path, caplog):
+    """A request made as the model loaded (a launcher's handler) costs no evaluation and no step; one made during
+    the first evaluation keeps its score (a rerun reuses it) and takes no step."""
+    tr = FakeTrainer(tmp_path / "a", steps=4, start=2)
+    with caplog.at_level(logging.WARNING, logger="esopt_mp.runner"):
+        assert run(tr, Stop(requested=True)) == {"stopped_at": 2}
+    assert tr.calls == [] and tr.dims.comm.flags == [True]
+    assert "stopped before step 3/4 on request; nothing new to save" in caplog.text
+    tr = FakeTrainer(tmp_path / "b", steps=4, signal_at="evaluate")
+    assert run(tr) == {"stopped_at": 0}
+    assert tr.calls == [("evaluate",)] and tr.dims.comm.flags == [False, True]
+    assert [(r["eval_step"], r["eval"]) for r in _records(tmp_path / "b")] == [(0, 0.01)]
 
 
 def test_a_resumed_run_starts_at_its_step(tmp_path):
@@ -136,6 +155,30 @@ def test_a_resumed_run_starts_at_its_step(tmp_path):
     assert [c[1] for c in tr.calls if c[0] == "step"] == [3, 4]
     assert [r["eval_step"] for r in _records(tmp_path) if "eval" in r] == [3, 5]
     assert summary["resumed_from"] == 3 and summary["comm_bytes_per_step"] == COMM_BYTES / 2
+
+
+def test_a_resumed_run_reuses_the_score_recorded_at_its_step_under_the_same_settings(tmp_path, caplog):
+    """The weights a resume restores are those evaluated before the stop, bit for bit: their score is not
+    evaluated again. A score of another step, or recorded under other settings (a changed ``env.n_eval``), is not
+    reused."""
+    first = FakeTrainer(tmp_path, steps=5, eval_every=2, checkpoint_every=0, signal_at=2)
+    assert run(first) == {"stopped_at": 3}
+    # stopped after step 3: scores recorded at 0 and 2, none at 3: evaluated there
+    again = FakeTrainer(tmp_path, steps=5, start=3, eval_every=2, checkpoint_every=0)
+    run(again)
+    assert again.calls[0] == ("evaluate",)
+    tr = FakeTrainer(tmp_path, steps=6, start=4, eval_every=2, checkpoint_every=0)  # 4 was evaluated by `again`
+    tr.evals = 7
+    with caplog.at_level(logging.INFO, logger="esopt_mp.runner"):
+        summary = run(tr)
+    assert ("evaluate",) not in tr.calls[:2] and tr.calls[0] == ("step", 4)
+    assert summary["eval_before"] == 0.02 and summary["eval_after"] == 0.08
+    assert "held-out score at step 4: 0.0200 (recorded before the stop, not evaluated again)" in caplog.text
+    assert [r["eval_step"] for r in _records(tmp_path) if "eval" in r] == [0, 2, 3, 4, 5, 6]
+    other = FakeTrainer(tmp_path, steps=6, start=4, checkpoint_every=0)
+    other.cfg.env.n_eval += 1  # another held-out set: evaluated again
+    run(other)
+    assert other.calls[0] == ("evaluate",)
 
 
 def test_other_ranks_write_no_metrics_nor_plot(tmp_path):

@@ -63,6 +63,7 @@ class BaselineTrainer:
         self.cfg, self.dims, self.algo = cfg, dims, cfg.algo
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
         self.resumes = not cfg.algo.zero_stage  # DeepSpeed's engine keeps its optimizer state to itself
+        self.reuses_held_out = True  # a resumed run's first held-out score may be read back (esopt_mp.runner)
         self.name = cfg.algo.name
         self.steps = cfg.algo.steps or cfg.es.steps
         self.seed = cfg.run.seed  # tasks, episodes and evaluation draw from its streams

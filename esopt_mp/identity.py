@@ -96,11 +96,19 @@ def digest(fields: dict) -> str:
 
 def held_out_key(cfg) -> str:
     """What a held-out score depends on besides the weights: every setting but ``run.*`` (its seed kept), layout
-    and paths included. A resumed run reuses a score recorded at its step under the same key; any other setting
-    (``env.n_eval``, another ``parallel.tp`` whose reductions round differently, a moved eval file) evaluates again.
-    A file edited in place under the same path is not seen: a new run.dir, or a changed setting, evaluates it."""
+    and paths included, and the held-out file (``env.eval_path``) by content. A resumed run reuses a score recorded
+    at its step under the same key; another setting (``env.n_eval``, a ``parallel.tp`` whose reductions round
+    differently, an eval file another data root resolves to) evaluates again. Files an environment's own section
+    names count by their path, not their content."""
+    from esopt_mp.data import resolve
+
     d = cfg.to_dict()
     d["run"] = {"seed": d["run"]["seed"]}
+    if cfg.env.eval_path:
+        try:
+            d["env"]["eval_path"] = file_sha256(resolve(cfg.env.eval_path))
+        except (OSError, ValueError):  # kept by name: the evaluation itself says what is wrong with it
+            pass
     return digest(d)
 
 

@@ -208,10 +208,11 @@ def repair_jsonl(path: str) -> None:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """The JSON-object records of ``path``, one per line; a line that is not one (torn by a crash, zero-filled by
-    a power loss) is skipped with a warning instead of failing the reader."""
+    """The JSON-object records of the run file ``path``, one per line; a line that is not one (torn by a crash,
+    zero-filled by a power loss) is skipped with a warning instead of failing the reader. A link there is refused,
+    not read through (:func:`open_run_file`)."""
     out, bad = [], 0
-    with open(path, "rb") as f:
+    with open_run_file(path, "rb") as f:
         for line in f:
             rec = _record(line)
             if rec is not None:

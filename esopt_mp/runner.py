@@ -6,10 +6,9 @@ saves, how it stops on a signal and what its summary holds.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
+import math
 import os
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -19,7 +18,8 @@ from esopt_mp.identity import held_out_key
 from esopt_mp.lazy import moved_names
 from esopt_mp.metrics import plot_run, summary_screen
 from esopt_mp.progress import StepProgress
-from esopt_mp.runfiles import read_jsonl
+from esopt_mp.runfiles import RunFileError, read_jsonl
+from esopt_mp.stop import Stop, stop_on_signals
 
 if TYPE_CHECKING:
     from esopt_mp.config import TrainConfig
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from esopt_mp.parallel import CommStats, ParallelDims
 
 log = logging.getLogger(__name__)
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 MOVED = {"trajectories_file": "esopt_mp.runfiles", "write_config": "esopt_mp.runfiles"}  # kept one release
 
 
@@ -39,6 +38,7 @@ class Trainer(Protocol):
 
     name: str  # "es", "grpo", "ppo": the progress bar's and the log's label
     resumes: bool  # a rerun of the same command continues a stopped run, or cannot (a ZeRO baseline)
+    reuses_held_out: bool  # a resumed run may take its first held-out score from its run.dir (see _first_held_out)
     cfg: TrainConfig
     dims: ParallelDims
     metrics: MetricsWriter
@@ -84,19 +84,6 @@ def build_trainer(cfg: TrainConfig, dims: ParallelDims) -> Trainer:
     return getattr(importlib.import_module(module), cls)(cfg, dims)
 
 
-class Stop:
-    """A stop request (SIGUSR1 / SIGTERM by default): the run checkpoints after the current step and returns.
-
-    ``requested`` may be set directly (a test stopping after the first step)."""
-
-    def __init__(self, requested: bool = False):
-        self.requested = requested
-
-    def __call__(self, signum, frame) -> None:
-        log.warning("signal %d: finishing the current step, then checkpoint and exit", signum)
-        self.requested = True
-
-
 def peak_memory() -> dict:
     """The process's peak memory: ``peak_gpu_bytes`` (allocated by torch) on CUDA, else ``peak_rss_bytes``."""
     if torch.cuda.is_available():
@@ -104,18 +91,6 @@ def peak_memory() -> dict:
     import resource
 
     return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: Stop):
-    """``stop`` handles SIGUSR1/SIGTERM while the block runs (the handlers before it come back after): a launcher
-    enters it before the model loads, so a scheduler's signal then stops the run instead of killing it."""
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def run(trainer: Trainer, stop: Stop | None = None) -> dict:
@@ -131,18 +106,20 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
     t_start = time.perf_counter()
     if dims.comm.any(stop.requested):  # a signal while the model loaded: nothing to save, the rerun starts here
         return _stopped_before(trainer)
-    before = _first_held_out(trainer)
-    if dims.comm.any(stop.requested):  # during that evaluation: its score is recorded, the rerun reuses it
+    key = held_out_key(trainer.cfg)
+    before = _first_held_out(trainer, key)
+    metrics.write({"run_start": trainer.start_step})  # from here the scores of later steps are this run's again
+    if dims.comm.any(stop.requested):  # during that evaluation (a resumed run's rerun reuses its score)
         return _stopped_before(trainer)
     progress = StepProgress(name, trainer.start_step, steps, enabled=dims.rank == 0)
     try:
-        stopped = _steps(trainer, stop, progress)
+        stopped = _steps(trainer, stop, progress, key)
     finally:
         progress.close()
     if stopped is not None:
         return stopped
     after = trainer.evaluate()
-    metrics.write({"eval_step": steps, "eval": after, "eval_key": held_out_key(trainer.cfg)})
+    metrics.write({"eval_step": steps, "eval": after, "eval_key": key})
     summary = {"eval_before": before, "eval_after": after, "steps": steps, "resumed_from": trainer.start_step,
                "seconds": time.perf_counter() - t_start,
                "comm_bytes_per_step": trainer.comm_stats.total / max(1, steps - trainer.start_step)}
@@ -156,15 +133,14 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
     return summary
 
 
-def _first_held_out(trainer: Trainer) -> float:
-    """The held-out score at ``start_step``. A resumed run reuses the score its run.dir recorded at that step under
-    the same settings (:func:`~esopt_mp.identity.held_out_key`): a resume restores the weights bit for bit, so the
-    same evaluation would give the same score, at the cost of a whole evaluation per requeue."""
-    t, key, recorded = trainer.start_step, held_out_key(trainer.cfg), None
-    if t > 0:
-        if trainer.dims.rank == 0 and os.path.isfile(trainer.metrics.path):  # rank 0 writes metrics.jsonl
-            recorded = next((r["eval"] for r in reversed(read_jsonl(trainer.metrics.path))
-                             if r.get("eval_step") == t and r.get("eval_key") == key and "eval" in r), None)
+def _first_held_out(trainer: Trainer, key: str) -> float:
+    """The held-out score at ``start_step``. A resumed run reuses a score its run.dir recorded at that step
+    (:func:`_recorded_held_out`): the weights a resume restores are those that were evaluated, bit for bit, and a
+    requeue would otherwise pay a whole evaluation for a number it has."""
+    t, recorded = trainer.start_step, None
+    if t > 0 and trainer.reuses_held_out:
+        if trainer.dims.rank == 0:  # the one that writes metrics.jsonl
+            recorded = _recorded_held_out(trainer.metrics.path, t, key)
         recorded = trainer.dims.comm.broadcast_object(recorded, src=0, dim="world")
     if recorded is not None:
         log.info("held-out score at step %d: %.4f (recorded before the stop, not evaluated again)", t, recorded)
@@ -175,16 +151,39 @@ def _first_held_out(trainer: Trainer) -> float:
     return score
 
 
+def _recorded_held_out(path: str, step: int, key: str) -> float | None:
+    """The newest score ``path`` holds at ``step`` under ``key``, unless a run started before ``step`` after it
+    (``run_start`` records): that run took the steps up to ``step`` again, and a requeue on a GPU, or after a
+    crash rolled it back to an older checkpoint, may have reached other weights there without scoring them (another
+    ``run.eval_every``). None when there is none or the file cannot be read: the run evaluates."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        records = read_jsonl(path)
+    except (OSError, RunFileError) as e:  # a shortcut only: never a reason to stop the run
+        log.warning("%s: not read (%s); evaluating instead of reusing a recorded score", path, e)
+        return None
+    for r in reversed(records):
+        if isinstance(r.get("run_start"), int) and r["run_start"] < step:
+            return None
+        if r.get("eval_step") == step and r.get("eval_key") == key:
+            score = r.get("eval")
+            ok = isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
+            return float(score) if ok else None
+    return None
+
+
 def _stopped_before(trainer: Trainer) -> dict:
-    """A stop before the first step: nothing new to save (the run.dir holds what the run started from)."""
-    log.warning("stopped before step %d/%d on request; nothing new to save; %s", trainer.start_step + 1,
-                trainer.steps, "rerun the same command to go on" if trainer.resumes else
-                f"this {trainer.name.upper()} run cannot resume: a rerun starts in a new run.dir")
+    """A stop before the first step: nothing new to save (the run.dir holds what the run started from), so even a
+    run that cannot resume (a ZeRO baseline, always at step 0 here) is requeued (``launch/train.py``)."""
+    log.warning("stopped before step %d/%d on request; nothing new to save; rerun the same command to %s",
+                trainer.start_step + 1, trainer.steps, "go on" if trainer.start_step else "start it")
     return {"stopped_at": trainer.start_step}
 
 
-def _steps(trainer: Trainer, stop: Stop, progress: StepProgress) -> dict | None:
-    """The steps, each logged, evaluated and checkpointed at its cadence; ``{"stopped_at": n}`` on a stop."""
+def _steps(trainer: Trainer, stop: Stop, progress: StepProgress, key: str) -> dict | None:
+    """The steps, each logged, evaluated (scores under ``key``) and checkpointed at its cadence; ``{"stopped_at": n}``
+    on a stop."""
     run_cfg, dims, metrics, steps = trainer.cfg.run, trainer.dims, trainer.metrics, trainer.steps
     for t in range(trainer.start_step, steps):
         rec = trainer.step(t)
@@ -193,7 +192,7 @@ def _steps(trainer: Trainer, stop: Stop, progress: StepProgress) -> dict | None:
         held_out = None
         if run_cfg.eval_every and (t + 1) % run_cfg.eval_every == 0 and t + 1 < steps:
             held_out = trainer.evaluate()
-            metrics.write({"eval_step": t + 1, "eval": held_out, "eval_key": held_out_key(trainer.cfg)})
+            metrics.write({"eval_step": t + 1, "eval": held_out, "eval_key": key})
         progress.step(t, rec, held_out)
         last = t + 1 == steps
         stopping = dims.comm.any(stop.requested)  # one verdict for all ranks, at the step boundary

@@ -90,6 +90,8 @@ class ESTrainer:
 
     def __init__(self, cfg: TrainConfig, dims: ParallelDims):
         self.cfg, self.dims = cfg, dims
+        # a harness's first evaluation is also its check, on every rank at once, that it calls the endpoint
+        self.reuses_held_out = not cfg.objective.served
         self._comm0 = dims.comm.stats.copy()  # the process's counters; this trainer reports its own share
         os.makedirs(cfg.run.dir, exist_ok=True)
         self.metrics = MetricsWriter(os.path.join(cfg.run.dir, "metrics.jsonl"), dims.rank,

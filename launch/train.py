@@ -24,6 +24,12 @@ STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on SIGUSR1/SIGTERM after a checkpoint
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from esopt_mp.stop import Stop, install  # noqa: E402  (torch-free)
+
+STOP = Stop()  # the run's stop request (SIGUSR1/SIGTERM), read by the run loop at its step boundaries
+if __name__ == "__main__":  # before Hydra, torch and the model load: a signal from here on stops, not kills
+    install(STOP)
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
@@ -102,13 +108,6 @@ def torch_threads() -> int:
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(hcfg: DictConfig) -> None:
-    from esopt_mp.runner import Stop, stop_on_signals
-
-    with stop_on_signals(Stop()) as stop:  # from here on a SIGTERM/SIGUSR1 stops the run: exit 75, not a kill
-        _main(hcfg, stop)
-
-
-def _main(hcfg: DictConfig, stop) -> None:
     import torch
 
     from esopt_mp.config import build_config
@@ -158,7 +157,7 @@ def _main(hcfg: DictConfig, stop) -> None:
             code = 2  # holds another run (its config hash), a checkpoint that cannot be resumed or a link: one line
         if trainer is not None:
             try:
-                summary = run(trainer, stop)
+                summary = run(trainer, STOP)
             except (StartupError, RunFileError) as e:  # found at the first evaluation (a harness that never calls
                 print(f"error: {e}", file=sys.stderr)  # its endpoint), or a link planted in run.dir as it ran
                 summary, code = None, 2
@@ -176,8 +175,9 @@ def _main(hcfg: DictConfig, stop) -> None:
             if launch.rank == 0:
                 print(json.dumps(summary))
             # 75: requeue me (the slurm scripts resubmit); a stopped run that cannot resume (a ZeRO baseline) is not
-            # requeued: 1, it ended unfinished
-            code = 0 if "stopped_at" not in summary else STOPPED_EXIT if trainer.resumes else 1
+            # requeued: 1, it ended unfinished, unless it stopped before its first step (nothing of it to lose)
+            stopped = summary.get("stopped_at")
+            code = 0 if stopped is None else STOPPED_EXIT if trainer.resumes or stopped == trainer.start_step else 1
     finally:
         if trainer is not None:
             trainer.close()

@@ -33,6 +33,7 @@ class AnyComm:
 class FakeTrainer:
     name = "fake"
     resumes = True
+    reuses_held_out = True
 
     def __init__(self, run_dir, steps=5, start=0, rank=0, third="sigma", signal_at=None, **run):
         self.cfg = TrainConfig(run=RunConfig(dir=str(run_dir), **run))
@@ -91,6 +92,8 @@ def test_order_of_calls_and_the_cadences(tmp_path):
                         ("evaluate",), ("finish",)]  # close is the caller's
     assert tr.dims.comm.flags == [False] * 7  # before and after the first evaluation, then one per step
     rows = _records(tmp_path)
+    assert rows[1] == {"run_start": 0}  # after the first score: where this run began (a resume's check)
+    rows = rows[:1] + rows[2:]
     assert [(r.get("step"), r.get("eval_step")) for r in rows[:-1]] == \
         [(None, 0), (0, None), (None, 2), (2, None), (None, 4), (4, None), (None, 5)]
     assert [r["eval"] for r in rows if "eval" in r] == [0.01, 0.02, 0.03, 0.04]
@@ -146,7 +149,7 @@ def test_a_stop_before_the_first_step_ends_the_run_before_it(tmp_path, caplog):
     tr = FakeTrainer(tmp_path / "b", steps=4, signal_at="evaluate")
     assert run(tr) == {"stopped_at": 0}
     assert tr.calls == [("evaluate",)] and tr.dims.comm.flags == [False, True]
-    assert [(r["eval_step"], r["eval"]) for r in _records(tmp_path / "b")] == [(0, 0.01)]
+    assert [(r.get("eval_step"), r.get("eval")) for r in _records(tmp_path / "b")] == [(0, 0.01), (None, None)]
 
 
 def test_a_resumed_run_starts_at_its_step(tmp_path):
@@ -179,6 +182,53 @@ def test_a_resumed_run_reuses_the_score_recorded_at_its_step_under_the_same_sett
     other.cfg.env.n_eval += 1  # another held-out set: evaluated again
     run(other)
     assert other.calls[0] == ("evaluate",)
+
+
+def test_a_score_a_later_start_may_have_outdated_is_evaluated_again(tmp_path):
+    """A run that started before a recorded score's step, after it was recorded (a crash rolled it back to an
+    older checkpoint; a requeue on a GPU, whose kernels need not repeat a step's weights), passed that step again
+    with weights nobody scored (here another ``run.eval_every``): a resume at that step evaluates."""
+    assert run(FakeTrainer(tmp_path, steps=6, eval_every=2, checkpoint_every=0, signal_at=3)) == {"stopped_at": 4}
+    assert [r["eval_step"] for r in _records(tmp_path) if "eval" in r] == [0, 2, 4]
+    # the checkpoint at 4 was lost: the requeue goes on from 2 without scoring 4 again and stops after it
+    assert run(FakeTrainer(tmp_path, steps=6, start=2, checkpoint_every=0, signal_at=3)) == {"stopped_at": 4}
+    tr = FakeTrainer(tmp_path, steps=6, start=4, checkpoint_every=0)
+    run(tr)
+    assert tr.calls[0] == ("evaluate",)
+
+
+@pytest.mark.parametrize("case", ["link", "not_a_number", "served"])
+def test_no_reuse_from_a_link_a_non_number_or_a_harness(tmp_path, case, caplog):
+    """metrics.jsonl replaced by a link is not read through (the run evaluates; the write after it refuses the
+    link), a recorded score that is not a finite number is not reused, and a harness's run evaluates (its first
+    evaluation is also its check, on every rank at once, that it calls its endpoint)."""
+    run(FakeTrainer(tmp_path / "run", steps=3, checkpoint_every=0, signal_at=1))  # stopped after step 2
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    tr = FakeTrainer(tmp_path / "run", steps=4, start=2, checkpoint_every=0, signal_at=2)
+    run(tr)  # scores step 2 (none recorded), stops after step 3
+    tr = FakeTrainer(tmp_path / "run", steps=4, start=2, checkpoint_every=0)
+    if case == "link":
+        (tmp_path / "forged.jsonl").write_text(metrics.read_text())
+        metrics.unlink()
+        metrics.symlink_to(tmp_path / "forged.jsonl")
+        with caplog.at_level(logging.WARNING, logger="esopt_mp.runner"):
+            from esopt_mp.runfiles import RunFileError
+
+            with pytest.raises(RunFileError):
+                run(tr)
+        assert "not read" in caplog.text and tr.calls == [("evaluate",)]
+        return
+    if case == "not_a_number":
+        rows = [dict(r, eval=float("nan")) if r.get("eval_step") == 2 else r for r in _records(tmp_path / "run")]
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        tr.reuses_held_out = False
+    run(tr)
+    assert tr.calls[0] == ("evaluate",)
+    baseline = FakeTrainer(tmp_path / "run", steps=4, start=2, checkpoint_every=0)
+    if case == "served":  # the same file, a trainer that may reuse: it does (the case above is the trainer's)
+        run(baseline)
+        assert baseline.calls[0] == ("step", 2)
 
 
 def test_other_ranks_write_no_metrics_nor_plot(tmp_path):

@@ -18,7 +18,7 @@ from esopt_mp.identity import held_out_key
 from esopt_mp.lazy import moved_names
 from esopt_mp.metrics import plot_run, summary_screen
 from esopt_mp.progress import StepProgress
-from esopt_mp.runfiles import RunFileError, read_jsonl
+from esopt_mp.runfiles import read_jsonl
 from esopt_mp.stop import Stop, stop_on_signals
 
 if TYPE_CHECKING:
@@ -155,21 +155,25 @@ def _recorded_held_out(path: str, step: int, key: str) -> float | None:
     """The newest score ``path`` holds at ``step`` under ``key``, unless a run started before ``step`` after it
     (``run_start`` records): that run took the steps up to ``step`` again, and a requeue on a GPU, or after a
     crash rolled it back to an older checkpoint, may have reached other weights there without scoring them (another
-    ``run.eval_every``). None when there is none or the file cannot be read: the run evaluates."""
+    ``run.eval_every``). None, and the run evaluates, when there is none, when an infrastructure fault cost that
+    evaluation episodes (a stop signal reaching a browser or a sandbox as well), or when the file cannot be read."""
     if not os.path.lexists(path):
         return None
     try:
         records = read_jsonl(path)
-    except (OSError, RunFileError) as e:  # a shortcut only: never a reason to stop the run
+        for i in range(len(records) - 1, -1, -1):
+            r = records[i]
+            if isinstance(r.get("run_start"), int) and r["run_start"] < step:
+                return None
+            if r.get("eval_step") == step and r.get("eval_key") == key:
+                detail = records[i - 1].get("eval_detail") if i else None  # written just before its score
+                if isinstance(detail, dict) and (detail.get("failures") or {}).get("infra"):
+                    return None
+                score = r.get("eval")
+                ok = isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
+                return float(score) if ok else None
+    except Exception as e:  # noqa: BLE001 - a shortcut only: never a reason to stop the run, nor one rank of it
         log.warning("%s: not read (%s); evaluating instead of reusing a recorded score", path, e)
-        return None
-    for r in reversed(records):
-        if isinstance(r.get("run_start"), int) and r["run_start"] < step:
-            return None
-        if r.get("eval_step") == step and r.get("eval_key") == key:
-            score = r.get("eval")
-            ok = isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
-            return float(score) if ok else None
     return None
 
 

@@ -15,19 +15,28 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 class Stop:
     """A stop request: the run checkpoints after the current step and returns (before its first step if none has
-    begun). ``requested`` may be set directly (a test stopping after the first step)."""
+    begun). A repeated signal changes nothing: under ``srun torchrun`` a worker may get the scheduler's SIGTERM
+    and the agent's copy of it at once. Outside the run loop (a peer that never joins, a hung teardown) only
+    SIGINT or SIGKILL ends the process. ``requested`` may be set directly (a test's stop)."""
 
     def __init__(self, requested: bool = False):
         self.requested = requested
 
     def __call__(self, signum, frame) -> None:
-        log.warning("signal %d: the run stops at its next step boundary, after a checkpoint", signum)
+        if not self.requested:
+            log.warning("signal %d: the run stops at its next step boundary, after saving what it has", signum)
         self.requested = True
 
 
 def install(stop: Stop) -> dict:
     """``stop`` handles the stop signals from now on; the handlers it replaced (a C library's: the default)."""
     return {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+
+
+def restore(previous: dict) -> None:
+    """Put back the handlers :func:`install` replaced (one installed outside Python: the default)."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -37,5 +46,4 @@ def stop_on_signals(stop: Stop):
     try:
         yield stop
     finally:
-        for sig, handler in previous.items():  # None: installed outside Python, which cannot put it back
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        restore(previous)

@@ -24,11 +24,12 @@ STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on SIGUSR1/SIGTERM after a checkpoint
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from esopt_mp.stop import Stop, install  # noqa: E402  (torch-free)
+from esopt_mp.stop import Stop, install, restore  # noqa: E402  (torch-free)
 
 STOP = Stop()  # the run's stop request (SIGUSR1/SIGTERM), read by the run loop at its step boundaries
-if __name__ == "__main__":  # before Hydra, torch and the model load: a signal from here on stops, not kills
-    install(STOP)
+# before Hydra, torch and the model load: a signal from here on stops, not kills (undone at the end: `esopt train`
+# runs this file in its own process)
+PREVIOUS = install(STOP) if __name__ == "__main__" else {}
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -187,7 +188,10 @@ def main(hcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    _strip_launcher_args()
-    _explain_args()
-    _open_env_sections()
-    main()
+    try:
+        _strip_launcher_args()
+        _explain_args()
+        _open_env_sections()
+        main()
+    finally:
+        restore(PREVIOUS)

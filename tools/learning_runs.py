@@ -74,7 +74,7 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
            "return_before": returns[0][1], "return_after": returns[-1][1], "steps": summary["steps"],
            "episodes": summary["steps"] * n_per_step,
            # one process: its time from its first evaluation on; several: their whole wall time (each one's start
-           # and the resume's repeated evaluation included)
+           # included, and a resume's evaluation where it could not reuse a recorded score)
            "train_seconds": summary["seconds"] if not earlier else wall_s, "processes": len(earlier) + 1,
            "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
            "peak_gpu_bytes": summary.get("peak_gpu_bytes")}

@@ -56,7 +56,15 @@ def train_interrupted_then_resumed(model_path: str, run_dir: str, tp: int, dims)
     cfg = run_cfg(model_path, run_dir, tp)
     trainer = ESTrainer(cfg, dims)
     tied = tied_perturbation(trainer)
-    stopped = run(trainer, Stop(requested=True))
+    stop, step = Stop(), trainer.step
+
+    def stepping(t):  # the stop requested during the first step, as a signal would
+        out = step(t)
+        stop.requested = True
+        return out
+
+    trainer.step = stepping
+    stopped = run(trainer, stop)
     trainer.close()
     trainer = ESTrainer(cfg, dims)
     start = trainer.start_step

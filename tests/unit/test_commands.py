@@ -1,5 +1,6 @@
 """``esopt``: the verbs, a misspelt one, and a verb running its script in this process with its own exit status."""
 import json
+import signal
 import sys
 import tomllib
 from pathlib import Path
@@ -35,8 +36,10 @@ def test_a_verb_runs_its_script_with_its_exit_status_and_restores_the_process(ca
     err = capsys.readouterr().err
     assert err.startswith("esopt replay: error: ") and "no such run directory" in err and len(err.splitlines()) == 1
     assert sys.argv == argv and sys.modules["__main__"] is main_module
+    handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)]
     assert main(["train", "--help"]) == 0
     assert "usage:" in capsys.readouterr().out
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)] == handlers  # its stop handler undone
     assert main(["envs", "list"]) == 0
     assert "sudoku" in json.loads(capsys.readouterr().out)["builtin"]
 

@@ -197,11 +197,12 @@ def test_a_score_a_later_start_may_have_outdated_is_evaluated_again(tmp_path):
     assert tr.calls[0] == ("evaluate",)
 
 
-@pytest.mark.parametrize("case", ["link", "not_a_number", "served"])
-def test_no_reuse_from_a_link_a_non_number_or_a_harness(tmp_path, case, caplog):
+@pytest.mark.parametrize("case", ["link", "not_a_number", "too_large", "infra", "served"])
+def test_no_reuse_from_a_link_a_non_number_an_infra_fault_or_a_harness(tmp_path, case, caplog):
     """metrics.jsonl replaced by a link is not read through (the run evaluates; the write after it refuses the
-    link), a recorded score that is not a finite number is not reused, and a harness's run evaluates (its first
-    evaluation is also its check, on every rank at once, that it calls its endpoint)."""
+    link); a recorded score that is not a finite number (or not even a float) is not reused, nor one whose
+    evaluation lost episodes to an infrastructure fault; a harness's run evaluates (its first evaluation is also
+    its check, on every rank at once, that it calls its endpoint)."""
     run(FakeTrainer(tmp_path / "run", steps=3, checkpoint_every=0, signal_at=1))  # stopped after step 2
     metrics = tmp_path / "run" / "metrics.jsonl"
     tr = FakeTrainer(tmp_path / "run", steps=4, start=2, checkpoint_every=0, signal_at=2)
@@ -218,8 +219,14 @@ def test_no_reuse_from_a_link_a_non_number_or_a_harness(tmp_path, case, caplog):
                 run(tr)
         assert "not read" in caplog.text and tr.calls == [("evaluate",)]
         return
-    if case == "not_a_number":
-        rows = [dict(r, eval=float("nan")) if r.get("eval_step") == 2 else r for r in _records(tmp_path / "run")]
+    if case in ("not_a_number", "too_large"):
+        bad = float("nan") if case == "not_a_number" else 10 ** 400
+        rows = [dict(r, eval=bad) if r.get("eval_step") == 2 else r for r in _records(tmp_path / "run")]
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif case == "infra":
+        rows = _records(tmp_path / "run")
+        at = next(i for i, r in enumerate(rows) if r.get("eval_step") == 2)
+        rows.insert(at, {"eval_detail": {"failed": 1, "failures": {"model": 0, "wall_clock": 0, "infra": 1}}})
         metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     else:
         tr.reuses_held_out = False

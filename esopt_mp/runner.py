@@ -119,7 +119,7 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
     if stopped is not None:
         return stopped
     after = trainer.evaluate()
-    metrics.write({"eval_step": steps, "eval": after, "eval_key": key})
+    _write_score(metrics, steps, after, key)
     summary = {"eval_before": before, "eval_after": after, "steps": steps, "resumed_from": trainer.start_step,
                "seconds": time.perf_counter() - t_start,
                "comm_bytes_per_step": trainer.comm_stats.total / max(1, steps - trainer.start_step)}
@@ -146,9 +146,14 @@ def _first_held_out(trainer: Trainer, key: str) -> float:
         log.info("held-out score at step %d: %.4f (recorded before the stop, not evaluated again)", t, recorded)
         return recorded
     score = trainer.evaluate()
-    trainer.metrics.write({"eval_step": t, "eval": score, "eval_key": key})
+    _write_score(trainer.metrics, t, score, key)
     log.info("held-out score at step %d: %.4f", t, score)
     return score
+
+
+def _write_score(metrics: MetricsWriter, step: int, score: float, key: str) -> None:
+    """A held-out score's record, under the key :func:`_recorded_held_out` matches a resume's settings against."""
+    metrics.write({"eval_step": step, "eval": score, "eval_key": key})
 
 
 def _recorded_held_out(path: str, step: int, key: str) -> float | None:
@@ -196,7 +201,7 @@ def _steps(trainer: Trainer, stop: Stop, progress: StepProgress, key: str) -> di
         held_out = None
         if run_cfg.eval_every and (t + 1) % run_cfg.eval_every == 0 and t + 1 < steps:
             held_out = trainer.evaluate()
-            metrics.write({"eval_step": t + 1, "eval": held_out, "eval_key": key})
+            _write_score(metrics, t + 1, held_out, key)
         progress.step(t, rec, held_out)
         last = t + 1 == steps
         stopping = dims.comm.any(stop.requested)  # one verdict for all ranks, at the step boundary

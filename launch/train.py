@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -83,8 +84,6 @@ def _strip_launcher_args() -> None:
 
 def _log_threads(dims, threads: tuple[int, str]) -> None:
     """Rank 0 says which thread count each rank uses (gathered: ranks on other nodes may differ) and why."""
-    import logging
-
     seen = dims.comm.all_gather_object((dims.rank, torch_threads(), threads[1]))
     by = {}
     for rank, n, why in seen:
@@ -116,7 +115,7 @@ def main(hcfg: DictConfig) -> None:
     from esopt_mp.core.errors import StartupError
     from esopt_mp.ledger import LedgerError
     from esopt_mp.metrics import setup_logging
-    from esopt_mp.parallel import close_distributed, cpu_threads, discover, init_distributed
+    from esopt_mp.parallel import cpu_threads, discover, init_distributed
     from esopt_mp.parallel.collectives import lost_peer
     from esopt_mp.runfiles import RunFileError
     from esopt_mp.runner import build_trainer, run
@@ -182,9 +181,41 @@ def main(hcfg: DictConfig) -> None:
     finally:
         if trainer is not None:
             trainer.close()
-        close_distributed()
+        kept = _close_world(summary is not None, dims.rank)
+    if kept:
+        _exit_now(code)
     if code:
         sys.exit(code)
+
+
+def _close_world(ran: bool, rank: int) -> bool:
+    """Every rank whose run returned meets the others, then leaves its process groups to the process's end (see
+    close_distributed: gloo may abort a rank tearing them down): True, the process must end by ``_exit_now``. A
+    rank that failed, or whose peer failed before the barrier, tears them down as before."""
+    from esopt_mp.parallel import close_distributed
+
+    if ran:
+        try:
+            return close_distributed(drain=True, keep=True)
+        except Exception as e:  # noqa: BLE001 - a peer that left after its own run (or failed): nothing to meet
+            logging.getLogger("esopt_mp.launch").warning(
+                "rank %d: the other ranks could not be met after the run (%s: %s)", rank, type(e).__name__, e)
+    close_distributed()
+    return False
+
+
+def _exit_now(code: int) -> None:
+    """End the process as ``sys.exit(code)`` would, less the interpreter's teardown (which would destroy the
+    process groups left open): the exit handlers run and the streams are flushed first."""
+    import atexit
+
+    atexit._run_exitfuncs()  # logging's shutdown, the trackers', a plugin's own
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader is gone
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

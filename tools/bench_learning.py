@@ -119,6 +119,10 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
             earlier = {(r["method"], r["seed"]): r for r in json.load(f).get("runs", []) if r.get("wall_s")}
     queue = [(m, s) for m in args.methods for s in args.seeds]  # a method's seeds first: its row fills first
     jobs, results = Jobs(), []
+    for m, s, r in included(args, todo):  # runs an earlier report measured elsewhere, not in --out here
+        results.append(r)
+        queue.remove((m, s))
+        print(f"[bench_learning] {m} seed {s}: from {r['from_report']}", file=sys.stderr)
     previous = {sig: signal.signal(sig, jobs.request_stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
                 if signal.getsignal(sig) is not signal.SIG_IGN}  # under nohup a hangup stays ignored
     try:
@@ -130,6 +134,41 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return results
+
+
+def _settings(argv: list[str]) -> list[str]:
+    """The overrides that decide what a run learns (``run.*``: where it writes, how often it saves, omitted)."""
+    return [a for a in argv if not a.lstrip("+~").startswith("run.")]
+
+
+def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
+    """From ``--include`` reports: each finished (method, seed) asked for whose run dir is not in ``--out`` (a run
+    dir here wins), if its report played the same task with the same settings; another task or other settings for
+    a method asked for are refused in one line (a table must not mix them)."""
+    out, seen = [], set()
+    for path in args.include or []:
+        try:
+            with open(path) as f:
+                rep = json.load(f)
+            runs, plans = rep["runs"], rep["plan"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"error: --include {path}: not a learning benchmark report ({type(e).__name__}: {e})")
+        if rep.get("task") != args.task:
+            raise SystemExit(f"error: --include {path}: a report of task {rep.get('task')!r}, not {args.task!r}")
+        for r in runs:
+            m, s = r.get("method"), r.get("seed")
+            if m not in todo or s not in args.seeds or "after" not in r or (m, s) in seen:
+                continue
+            if os.path.exists(os.path.join(args.out, f"{m}-seed{s}")):
+                continue
+            ours, theirs = _settings(todo[m]["argv"]), _settings(plans.get(m, {}).get("argv", []))
+            if ours != theirs:
+                diff = sorted(set(ours) ^ set(theirs)) or ["their order"]
+                raise SystemExit(f"error: --include {path}: its {m} runs were played with other settings "
+                                 f"(differing: {', '.join(diff)})")
+            seen.add((m, s))
+            out.append((m, s, {**r, "from_report": os.path.relpath(os.path.abspath(path), ROOT)}))
+    return out
 
 
 def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> None:
@@ -215,6 +254,14 @@ COLOURS = {"es": "tab:blue", "grpo": "tab:orange", "ppo": "tab:green", "es-ancho
            "es-lowrank": "tab:red"}
 
 
+def band(curves: list[list]) -> tuple[list, list, list, list]:
+    """The seeds' mean, lowest and highest held-out score at the episode counts every seed was evaluated at (a
+    resumed run adds a point where it restarted; one seed's point is never averaged with another count's)."""
+    xs = sorted(set.intersection(*({x for x, _ in c} for c in curves)))
+    ys = [[dict(map(tuple, c))[x] for c in curves] for x in xs]
+    return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
+
+
 def plot(reports: list[dict], png: str) -> str:
     """One panel per report: each method's mean held-out curve over episodes, the seeds' range shaded."""
     from matplotlib.figure import Figure
@@ -226,12 +273,10 @@ def plot(reports: list[dict], png: str) -> str:
             curves = [r["curve"] for r in rep["runs"] if r["method"] == m and r.get("curve")]
             if not curves:
                 continue
-            n = min(len(c) for c in curves)
-            xs = [c[0] for c in curves[0][:n]]
-            ys = [[c[i][1] for c in curves] for i in range(n)]
-            ax.plot(xs, [sum(y) / len(y) for y in ys], "o-", color=COLOURS.get(m), label=f"{m.upper()} "
+            xs, mean, low, high = band(curves)
+            ax.plot(xs, mean, "o-", color=COLOURS.get(m), label=f"{m.upper()} "
                     f"({len(curves)} seed{'s, mean' if len(curves) > 1 else ''})")
-            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=COLOURS.get(m), alpha=0.15)
+            ax.fill_between(xs, low, high, color=COLOURS.get(m), alpha=0.15)
         ax.set_title(f"{rep['task']}: {rep.get('model') or 'tiny agent'}", fontsize=9)
         ax.set_xlabel("training episodes played")
         full = any(r.get("success") == "full" for r in rep["runs"])
@@ -254,6 +299,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per run (0: cores / jobs)")
     ap.add_argument("--out", help="the runs and the report (default: bench/learning-<task>)")
     ap.add_argument("--report-only", action="store_true", help="report the finished runs; start none")
+    ap.add_argument("--include", nargs="+", metavar="REPORT",
+                    help="take finished runs from earlier reports of the same task and settings (runs whose dirs "
+                         "are gone or on another machine), for the seeds asked for that have no run dir in --out")
     ap.add_argument("--plot", nargs="+", metavar="REPORT", help="only plot these reports (one panel each)")
     ap.add_argument("--png", help="the plot's file (default: next to the report)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")

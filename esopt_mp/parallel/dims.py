@@ -163,16 +163,25 @@ def init_distributed(le: LaunchEnv, dp: int, tp: int, *, backend: str = "auto", 
     return dims
 
 
-def close_distributed(drain: bool = False, drained=None) -> None:
+def close_distributed(drain: bool = False, drained=None, keep: bool = False) -> bool:
     """Tear the process group down; ``drain``: first meet every rank at a barrier, then call ``drained()`` (every
     rank got there: whatever follows is teardown).
 
     Ranks that all succeeded drain so none closes its connections while a peer is still finishing the last
     collective (gloo aborts in its destructor then). A failed rank must not drain: its peers may never come.
+
+    ``keep`` (with ``drain``): once every rank has met, the groups are not destroyed but left to the process's
+    end, and True is returned: the caller must then end the process without the interpreter's teardown (which
+    would destroy them), as ``launch/train.py`` does. Even after the barrier, gloo can abort a rank in its
+    destructor when a peer has closed its sockets first (a finished run's rank killed by SIGABRT: exit -6, not
+    its code, and a stopped run not requeued); the process's end closes them without a destructor.
     """
     if dist.is_initialized():
         if drain:
             dist.barrier()
             if drained is not None:
                 drained()
+            if keep:
+                return True
         dist.destroy_process_group()
+    return False

@@ -18,13 +18,13 @@ ARGS = ["model=tiny", "objective=target_logprob", "es.population=4", f"es.steps=
         "run.checkpoint_every=1", "run.keep_checkpoints=1", "run.eval_every=0", "parallel.dp=2", "parallel.timeout_s=120"]  # an async save is pending when the signal comes
 
 
-def _start(run_dir, ranks=(0, 1), port=None):
+def _start(run_dir, ranks=(0, 1), port=None, args=ARGS, **extra_env):
     port = port or str(free_port())
     procs = []
     for rank in ranks:
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+        env = dict(os.environ, **extra_env, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
-        procs.append(subprocess.Popen([sys.executable, "launch/train.py", *ARGS, f"run.dir={run_dir}"], cwd=ROOT,
+        procs.append(subprocess.Popen([sys.executable, "launch/train.py", *args, f"run.dir={run_dir}"], cwd=ROOT,
                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -92,3 +92,37 @@ def test_a_signal_to_one_rank_as_it_starts_stops_both_before_the_first_step(tmp_
     assert not (run / "history.jsonl").exists() or _ledger(run) == []
     assert [rc for rc, _ in _wait(_start(run))] == [0, 0]
     assert [r["step"] for r in _ledger(run)] == list(range(STEPS))
+
+
+# Loaded first in each rank (sitecustomize on PYTHONPATH): tearing a process group down aborts the process, as
+# gloo's destructor can when a peer has closed its sockets first; so does anything destroyed in the interpreter's
+# teardown. An exit handler leaves a mark per rank.
+_TEARDOWN_ABORTS = """
+import atexit, os
+import torch.distributed as dist
+
+dist.destroy_process_group = lambda *a, **k: os.abort()
+
+
+class _AbortsWhenDestroyed:
+    def __del__(self):
+        os.abort()
+
+
+_KEPT = _AbortsWhenDestroyed()
+atexit.register(lambda: open(os.path.join(os.environ["MARKS"], os.environ["RANK"]), "w").close())
+"""
+
+
+def test_ranks_that_finished_or_stopped_leave_without_tearing_their_groups_down(tmp_path):
+    """A finished run exits with its code (a stopped one leaves the same way) even where tearing the groups down would abort the
+    process: every rank meets the others, then ends without destroying them; exit handlers still run."""
+    site, marks = tmp_path / "site", tmp_path / "marks"
+    site.mkdir(), marks.mkdir()
+    (site / "sitecustomize.py").write_text(_TEARDOWN_ABORTS)
+    env = {"PYTHONPATH": os.pathsep.join([str(site), ROOT]), "MARKS": str(marks)}
+    args = [a for a in ARGS if not a.startswith("es.steps=")] + ["es.steps=2"]
+    results = _wait(_start(tmp_path / "run", args=args, **env))
+    assert [rc for rc, _ in results] == [0, 0], [err[-2000:] for _, err in results]
+    assert sorted(os.listdir(marks)) == ["0", "1"]
+    assert len(_ledger(tmp_path / "run")) == 2

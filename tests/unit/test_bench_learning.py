@@ -1,4 +1,5 @@
 """tools/bench_learning.py gives every method the same budget of played episodes and summarises what its runs did."""
+import argparse
 import json
 
 import pytest
@@ -121,3 +122,38 @@ def test_every_task_plans_every_method_as_a_run_that_would_start(task):
     if task == "guess10":  # its ES is the low-rank, batched one under either name
         es = cfgs["es"]["es"]
         assert es == cfgs["es-lowrank"]["es"] and es["noise"] == "lowrank" and es["member_batch"]
+
+
+def test_the_seeds_band_uses_only_the_points_every_seed_was_evaluated_at():
+    """A resumed run is evaluated where it restarted too: its extra point is not averaged with another seed's."""
+    resumed = [[0, 0.2], [512, 0.6], [640, 0.64], [1024, 0.7]]
+    xs, mean, low, high = bl.band([resumed, [[0, 0.3], [512, 0.4], [1024, 0.9]]])
+    assert xs == [0, 512, 1024]
+    assert mean == pytest.approx([0.25, 0.5, 0.8]) and low == [0.2, 0.4, 0.7] and high == [0.3, 0.6, 0.9]
+
+
+def _report(path, task, argv, runs):
+    path.write_text(json.dumps({"task": task, "plan": {"grpo": {"argv": argv}}, "runs": runs}))
+    return str(path)
+
+
+def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no_run_dir_is_here(tmp_path):
+    out = tmp_path / "out"
+    (out / "grpo-seed1").mkdir(parents=True)  # seed 1 has its own run dir here: that one counts
+    argv = ["+experiment=x", "run.checkpoint_every=0", "algo.lr=1e-5", "algo=grpo"]
+    runs = [_run("grpo", s, 0.2, 0.5, 0.1) for s in (0, 1, 2)] + [{"method": "grpo", "seed": 3, "stopped": True}]
+    rep = _report(tmp_path / "r.json", "guess10", [*argv, "run.checkpoint_every=2"], runs)  # run.* do not count
+    args = argparse.Namespace(include=[rep], task="guess10", seeds=[0, 1, 3], out=str(out))
+    got = bl.included(args, {"grpo": {"argv": argv}})
+    assert [(m, s) for m, s, _ in got] == [("grpo", 0)]  # seed 2 not asked for, seed 3 never finished
+    assert got[0][2]["after"] == 0.5 and got[0][2]["from_report"].endswith("r.json")
+    other = _report(tmp_path / "o.json", "guess10", [*argv[:2], "algo.lr=1e-6", "algo=grpo"], runs)
+    with pytest.raises(SystemExit, match=r"its grpo runs were played with other settings .*algo.lr=1e-5, algo.lr=1e-6"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [other]}), {"grpo": {"argv": argv}})
+    task = _report(tmp_path / "t.json", "arith", argv, runs)
+    with pytest.raises(SystemExit, match="a report of task 'arith', not 'guess10'"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [task]}), {"grpo": {"argv": argv}})
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(SystemExit, match="not a learning benchmark report"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [str(tmp_path / "bad.json")]}),
+                    {"grpo": {"argv": argv}})

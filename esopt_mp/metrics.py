@@ -54,11 +54,16 @@ class MetricsWriter:
             self.write({"eval_detail": detail})
         return score
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict, durable: bool = False) -> None:
+        """Append ``record``; ``durable``: on disk before this returns (fsync), for a record a later decision
+        relies on surviving a power loss as the checkpoints after it do."""
         if not self.enabled:
             return
         with open_run_file(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         if self.trackers:
             from esopt_mp.trackers import scalars
 

@@ -108,7 +108,9 @@ def _run(trainer: Trainer, stop: Stop) -> dict:
         return _stopped_before(trainer)
     key = held_out_key(trainer.cfg)
     before = _first_held_out(trainer, key)
-    metrics.write({"run_start": trainer.start_step})  # from here the scores of later steps are this run's again
+    # from here the scores of later steps are this run's again; on disk before any later checkpoint is (a lost
+    # record would let a rerun after a power loss reuse a score of weights this run replaced)
+    metrics.write({"run_start": trainer.start_step}, durable=True)
     if dims.comm.any(stop.requested):  # during that evaluation (a resumed run's rerun reuses its score)
         return _stopped_before(trainer)
     progress = StepProgress(name, trainer.start_step, steps, enabled=dims.rank == 0)

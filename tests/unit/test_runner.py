@@ -289,3 +289,25 @@ def test_a_baseline_run_dir_holding_a_foreign_checkpoint_is_refused_not_trained_
                                               r"baseline checkpoint this version writes \(it has no config_hash, "
                                               r"layout, updates\)\): move run.dir/baseline aside"):
         BaselineTrainer(cfg, ParallelDims(1, 1, 1))
+
+
+def test_the_run_start_record_is_on_disk_before_the_first_step(tmp_path, monkeypatch):
+    """A rerun trusts a recorded score only if no later start says other weights reached its step: that record
+    must outlive a power loss as the checkpoints after it do (fsynced, not left in the page cache)."""
+    import esopt_mp.metrics as metrics_mod
+
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):  # os.fsync everywhere (metrics.os is os): only metrics.jsonl's are recorded, with its last line
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith("metrics.jsonl"):
+            with open(path) as f:
+                synced.append(f.read().splitlines()[-1])
+        real(fd)
+
+    monkeypatch.setattr(metrics_mod.os, "fsync", fsync)
+    tr = FakeTrainer(tmp_path, steps=2, eval_every=1)
+    tr.step = lambda t, step=tr.step: (synced.append(("step", t)), step(t))[1]
+    run(tr)
+    assert synced[:2] == ['{"run_start": 0}', ("step", 0)] and synced.count('{"run_start": 0}') == 1

@@ -156,7 +156,7 @@ class ESTrainer:
         done = self.restored_from = restore_run_(self.cfg.run.dir, self.perturber, self.dims, entries,
                                                  identity=self.identity,
                                                  exact_restore=exact_restore(self.cfg.es.restore, self.cfg.es.master))
-        log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done - 1, len(entries) - done)
+        log.info("resumed: checkpoint after step %d, replayed %d ledger entries", done, len(entries) - done)
         return len(entries)
 
     def _what_differs(self) -> str:

@@ -148,7 +148,7 @@ def main(hcfg: DictConfig) -> None:
                             use_deepspeed=cfg.parallel.launcher == "deepspeed", timeout_s=cfg.parallel.timeout_s)
     if threads is not None:
         _log_threads(dims, threads)
-    trainer, code, summary = None, 0, None
+    trainer, code, summary, ended = None, 0, None, False
     try:
         try:
             trainer = build_trainer(cfg, dims)  # ES, or the GRPO/PPO baseline trainer
@@ -178,38 +178,47 @@ def main(hcfg: DictConfig) -> None:
             # requeued: 1, it ended unfinished, unless it stopped before its first step (nothing of it to lose)
             stopped = summary.get("stopped_at")
             code = 0 if stopped is None else STOPPED_EXIT if trainer.resumes or stopped == trainer.start_step else 1
+        ended = summary is not None  # the run loop returned and nothing raised after it
     finally:
         if trainer is not None:
             trainer.close()
-        kept = _close_world(summary is not None, dims.rank)
+        kept = _close_world(ended, dims)
     if kept:
         _exit_now(code)
     if code:
         sys.exit(code)
 
 
-def _close_world(ran: bool, rank: int) -> bool:
-    """Every rank whose run returned meets the others, then leaves its process groups to the process's end (see
-    close_distributed: gloo may abort a rank tearing them down): True, the process must end by ``_exit_now``. A
-    rank that failed, or whose peer failed before the barrier, tears them down as before."""
+def _close_world(ended: bool, dims) -> bool:
+    """On gloo, every rank whose run ended meets the others, then leaves its process groups to the process's end
+    (see close_distributed: gloo may abort a rank tearing them down): True, the process must end by
+    ``_exit_now``. A rank that failed tears them down as before; so does one whose peers cannot be met (a peer
+    that failed after its run: gloo's barrier fails when it exits, or at parallel.timeout_s). NCCL ranks tear down
+    without meeting: a barrier there cannot fail, so a failed peer would hold them until the watchdog's timeout."""
     from esopt_mp.parallel import close_distributed
 
-    if ran:
+    if ended and dims.backend == "gloo":
         try:
             return close_distributed(drain=True, keep=True)
         except Exception as e:  # noqa: BLE001 - a peer that left after its own run (or failed): nothing to meet
             logging.getLogger("esopt_mp.launch").warning(
-                "rank %d: the other ranks could not be met after the run (%s: %s)", rank, type(e).__name__, e)
+                "rank %d: the other ranks could not be met after the run (%s: %s)", dims.rank, type(e).__name__, e)
     close_distributed()
     return False
 
 
 def _exit_now(code: int) -> None:
     """End the process as ``sys.exit(code)`` would, less the interpreter's teardown (which would destroy the
-    process groups left open): the exit handlers run and the streams are flushed first."""
+    process groups left open): non-daemon threads are joined and queued executor work finishes (as the
+    interpreter does first), the exit handlers run (logging's, the trackers', coverage's, a plugin's) and the
+    standard streams are flushed. Object finalizers (``__del__``) do not run, and a file a plugin left open
+    unclosed is not flushed: close what must reach the disk."""
     import atexit
+    import threading
 
-    atexit._run_exitfuncs()  # logging's shutdown, the trackers', a plugin's own
+    if threading.current_thread() is threading.main_thread():
+        threading._shutdown()  # what the interpreter's exit does before the exit handlers
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

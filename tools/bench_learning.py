@@ -136,38 +136,67 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
     return results
 
 
-def _settings(argv: list[str]) -> list[str]:
-    """The overrides that decide what a run learns (``run.*``: where it writes, how often it saves, omitted)."""
-    return [a for a in argv if not a.lstrip("+~").startswith("run.")]
+def _settings(argv: list[str]) -> dict:
+    """What decides what a run learns: its composed config, less ``run.*`` (where it writes, how often it saves)
+    but for ``run.seed``. Composed, so the overrides' order and spelling (``1e-5`` or ``0.00001``) do not count."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        return {k2: v2 for k, v in d.items()
+                for k2, v2 in (flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()}
+
+    cfg = compose(argv)
+    return {**flat({k: v for k, v in cfg.items() if k != "run"}), "run.seed": cfg["run"]["seed"]}
+
+
+def _where(path: str) -> str:
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
 
 
 def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
     """From ``--include`` reports: each finished (method, seed) asked for whose run dir is not in ``--out`` (a run
-    dir here wins), if its report played the same task with the same settings; another task or other settings for
-    a method asked for are refused in one line (a table must not mix them)."""
-    out, seen = [], set()
+    dir here wins), if its report played the same task with the same settings (composed configs compared; the
+    code version is not: a report of another commit is named on stderr). Another task, other settings for a
+    method asked for, or a file that is not such a report, is refused in one line (a table must not mix them).
+    Each row keeps where and how it was measured (``from_report``, ``measured_with``)."""
+    out, seen, ours = [], set(), {}
+    commit = bench_record("learning", {})["machine"].get("git_commit")
     for path in args.include or []:
         try:
             with open(path) as f:
                 rep = json.load(f)
             runs, plans = rep["runs"], rep["plan"]
+            if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs) or not isinstance(plans, dict):
+                raise TypeError("'runs' must be a list of runs and 'plan' a mapping of methods")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"error: --include {path}: not a learning benchmark report ({type(e).__name__}: {e})")
         if rep.get("task") != args.task:
             raise SystemExit(f"error: --include {path}: a report of task {rep.get('task')!r}, not {args.task!r}")
+        theirs_commit = (rep.get("machine") or {}).get("git_commit")
         for r in runs:
             m, s = r.get("method"), r.get("seed")
             if m not in todo or s not in args.seeds or "after" not in r or (m, s) in seen:
                 continue
             if os.path.exists(os.path.join(args.out, f"{m}-seed{s}")):
                 continue
-            ours, theirs = _settings(todo[m]["argv"]), _settings(plans.get(m, {}).get("argv", []))
-            if ours != theirs:
-                diff = sorted(set(ours) ^ set(theirs)) or ["their order"]
+            plan_m = plans.get(m)
+            if not isinstance(plan_m, dict) or not isinstance(plan_m.get("argv"), list):
+                raise SystemExit(f"error: --include {path}: it has a {m} run but no {m} plan (its settings)")
+            mine = ours.setdefault(m, _settings(todo[m]["argv"]))
+            try:
+                theirs = _settings([str(a) for a in plan_m["argv"]])
+            except Exception as e:  # noqa: BLE001 - an override this checkout's configs do not know
+                raise SystemExit(f"error: --include {path}: its {m} settings do not compose here ({e})")
+            if mine != theirs:
+                diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
                 raise SystemExit(f"error: --include {path}: its {m} runs were played with other settings "
                                  f"(differing: {', '.join(diff)})")
             seen.add((m, s))
-            out.append((m, s, {**r, "from_report": os.path.relpath(os.path.abspath(path), ROOT)}))
+            if theirs_commit and commit and theirs_commit != commit:
+                print(f"[bench_learning] {m} seed {s}: measured at commit {theirs_commit[:10]} ({path}), not this "
+                      f"checkout's {commit[:10]}", file=sys.stderr)
+            with_ = r.get("measured_with") or {"git_commit": theirs_commit, "machine": rep.get("machine"),
+                                               "threads_per_run": rep.get("threads_per_run"), "jobs": rep.get("jobs")}
+            out.append((m, s, {**r, "from_report": r.get("from_report") or _where(path), "measured_with": with_}))
     return out
 
 
@@ -310,6 +339,7 @@ def main() -> None:
         reports = [json.load(open(p)) for p in args.plot]
         print(plot(reports, args.png or os.path.splitext(args.plot[0])[0] + ".png"))
         return
+    args.seeds, args.methods = list(dict.fromkeys(args.seeds)), list(dict.fromkeys(args.methods))  # each once
     args.out = os.path.abspath(args.out or os.path.join(ROOT, "bench", f"learning-{args.task}"))
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     t0 = time.perf_counter()

@@ -14,16 +14,19 @@ from esopt_mp.parallel.local_world import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6  # the signal comes after step 1: room for the stop and a rerun that goes on
+# an async save is pending when the signal comes
 ARGS = ["model=tiny", "objective=target_logprob", "es.population=4", f"es.steps={STEPS}", "objective.batch=2",
-        "run.checkpoint_every=1", "run.keep_checkpoints=1", "run.eval_every=0", "parallel.dp=2", "parallel.timeout_s=120"]  # an async save is pending when the signal comes
+        "run.checkpoint_every=1", "run.keep_checkpoints=1", "run.eval_every=0", "parallel.dp=2",
+        "parallel.timeout_s=120"]
 
 
 def _start(run_dir, ranks=(0, 1), port=None, args=ARGS, **extra_env):
     port = port or str(free_port())
     procs = []
     for rank in ranks:
-        env = dict(os.environ, **extra_env, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+        env = dict(os.environ, **extra_env, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   CUDA_VISIBLE_DEVICES="")
         procs.append(subprocess.Popen([sys.executable, "launch/train.py", *args, f"run.dir={run_dir}"], cwd=ROOT,
                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     return procs
@@ -69,7 +72,9 @@ def test_signal_to_one_rank_stops_all_at_the_same_step(tmp_path):
     assert 2 <= n < STEPS
     assert sorted(os.listdir(run / "ckpt")) == [f"step_{n:06d}"]  # both ranks checkpointed after step n - 1
     assert all(f"stopped after step {n}/{STEPS} on request" in err for _, err in results)
-    assert [rc for rc, _ in _wait(_start(run))] == [0, 0]
+    rerun = _wait(_start(run))
+    assert [rc for rc, _ in rerun] == [0, 0]
+    assert f"resumed: checkpoint after step {n}, replayed 0 ledger entries" in rerun[0][1]  # the step it stopped after
     assert _ledger(run) == _ledger(ref)
     a, b = (read_checkpoint(str(d / "ckpt" / f"step_{STEPS:06d}")) for d in (ref, run))
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
@@ -114,15 +119,23 @@ atexit.register(lambda: open(os.path.join(os.environ["MARKS"], os.environ["RANK"
 """
 
 
-def test_ranks_that_finished_or_stopped_leave_without_tearing_their_groups_down(tmp_path):
-    """A finished run exits with its code (a stopped one leaves the same way) even where tearing the groups down would abort the
+@pytest.mark.parametrize("stop", [False, True], ids=["finished", "stopped"])
+def test_ranks_that_finished_or_stopped_leave_without_tearing_their_groups_down(tmp_path, stop):
+    """A finished run exits 0, and a stopped one 75 (requeued), even where tearing the groups down would abort the
     process: every rank meets the others, then ends without destroying them; exit handlers still run."""
-    site, marks = tmp_path / "site", tmp_path / "marks"
+    site, marks, run = tmp_path / "site", tmp_path / "marks", tmp_path / "run"
     site.mkdir(), marks.mkdir()
     (site / "sitecustomize.py").write_text(_TEARDOWN_ABORTS)
     env = {"PYTHONPATH": os.pathsep.join([str(site), ROOT]), "MARKS": str(marks)}
-    args = [a for a in ARGS if not a.startswith("es.steps=")] + ["es.steps=2"]
-    results = _wait(_start(tmp_path / "run", args=args, **env))
-    assert [rc for rc, _ in results] == [0, 0], [err[-2000:] for _, err in results]
+    args = ARGS if stop else [a for a in ARGS if not a.startswith("es.steps=")] + ["es.steps=2"]
+    procs = _start(run, args=args, **env)
+    if stop:
+        deadline = time.time() + 300
+        while time.time() < deadline and (not (run / "history.jsonl").exists() or
+                                          (run / "history.jsonl").read_text().count("\n") < 1):  # a whole line
+            time.sleep(0.02)
+        procs[1].send_signal(signal.SIGUSR1)
+    results = _wait(procs)
+    assert [rc for rc, _ in results] == ([75, 75] if stop else [0, 0]), [err[-2000:] for _, err in results]
     assert sorted(os.listdir(marks)) == ["0", "1"]
-    assert len(_ledger(tmp_path / "run")) == 2
+    assert len(_ledger(run)) < STEPS if stop else len(_ledger(run)) == 2

@@ -132,28 +132,41 @@ def test_the_seeds_band_uses_only_the_points_every_seed_was_evaluated_at():
     assert mean == pytest.approx([0.25, 0.5, 0.8]) and low == [0.2, 0.4, 0.7] and high == [0.3, 0.6, 0.9]
 
 
-def _report(path, task, argv, runs):
-    path.write_text(json.dumps({"task": task, "plan": {"grpo": {"argv": argv}}, "runs": runs}))
+def _report(path, task, argv, runs, commit=None):
+    path.write_text(json.dumps({"task": task, "plan": {"grpo": {"argv": argv}}, "runs": runs,
+                                "machine": {"git_commit": commit}, "threads_per_run": 1, "jobs": 2}))
     return str(path)
 
 
-def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no_run_dir_is_here(tmp_path):
+def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no_run_dir_is_here(tmp_path, capsys):
     out = tmp_path / "out"
     (out / "grpo-seed1").mkdir(parents=True)  # seed 1 has its own run dir here: that one counts
-    argv = ["+experiment=x", "run.checkpoint_every=0", "algo.lr=1e-5", "algo=grpo"]
+    argv = bl.plan("products", ["grpo"], None, [])["grpo"]["argv"]
+    todo = {"grpo": {"argv": argv}}
     runs = [_run("grpo", s, 0.2, 0.5, 0.1) for s in (0, 1, 2)] + [{"method": "grpo", "seed": 3, "stopped": True}]
-    rep = _report(tmp_path / "r.json", "guess10", [*argv, "run.checkpoint_every=2"], runs)  # run.* do not count
-    args = argparse.Namespace(include=[rep], task="guess10", seeds=[0, 1, 3], out=str(out))
-    got = bl.included(args, {"grpo": {"argv": argv}})
+    # the same settings written otherwise: in another order, a number spelled otherwise, a run.* override
+    lr = next(a for a in argv if a.startswith("algo.lr="))
+    same = [a for a in argv if a != lr][::-1] + [f"algo.lr={float(lr.split('=')[1]):.10f}", "run.checkpoint_every=2"]
+    rep = _report(tmp_path / "r.json", "products", same, runs, commit="0" * 40)
+    args = argparse.Namespace(include=[rep], task="products", seeds=[0, 1, 3], out=str(out))
+    got = bl.included(args, todo)
     assert [(m, s) for m, s, _ in got] == [("grpo", 0)]  # seed 2 not asked for, seed 3 never finished
-    assert got[0][2]["after"] == 0.5 and got[0][2]["from_report"].endswith("r.json")
-    other = _report(tmp_path / "o.json", "guess10", [*argv[:2], "algo.lr=1e-6", "algo=grpo"], runs)
-    with pytest.raises(SystemExit, match=r"its grpo runs were played with other settings .*algo.lr=1e-5, algo.lr=1e-6"):
-        bl.included(argparse.Namespace(**{**vars(args), "include": [other]}), {"grpo": {"argv": argv}})
+    row = got[0][2]
+    assert row["after"] == 0.5 and row["from_report"] == rep and row["measured_with"]["git_commit"] == "0" * 40
+    assert "grpo seed 0: measured at commit 0000000000" in capsys.readouterr().err
+    other = _report(tmp_path / "o.json", "products", [*argv, "algo.lr=3e-6"], runs)
+    with pytest.raises(SystemExit, match=r"its grpo runs were played with other settings \(differing: algo.lr\)"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [other]}), todo)
+    seed = _report(tmp_path / "s.json", "products", [*argv, "run.seed=7"], runs)  # run.seed decides what it learns
+    with pytest.raises(SystemExit, match=r"differing: run.seed\)"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [seed]}), todo)
     task = _report(tmp_path / "t.json", "arith", argv, runs)
-    with pytest.raises(SystemExit, match="a report of task 'arith', not 'guess10'"):
-        bl.included(argparse.Namespace(**{**vars(args), "include": [task]}), {"grpo": {"argv": argv}})
-    (tmp_path / "bad.json").write_text("[1]")
-    with pytest.raises(SystemExit, match="not a learning benchmark report"):
-        bl.included(argparse.Namespace(**{**vars(args), "include": [str(tmp_path / "bad.json")]}),
-                    {"grpo": {"argv": argv}})
+    with pytest.raises(SystemExit, match="a report of task 'arith', not 'products'"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [task]}), todo)
+    for bad in ("[1]", '{"runs": {"a": 1}, "plan": {}}', '{"runs": ["x"], "plan": {}}', '{"runs": [], "plan": []}'):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(SystemExit, match="not a learning benchmark report"):
+            bl.included(argparse.Namespace(**{**vars(args), "include": [str(tmp_path / "bad.json")]}), todo)
+    (tmp_path / "noplan.json").write_text(json.dumps({"task": "products", "plan": {}, "runs": runs}))
+    with pytest.raises(SystemExit, match="it has a grpo run but no grpo plan"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [str(tmp_path / "noplan.json")]}), todo)

@@ -180,9 +180,13 @@ def main(hcfg: DictConfig) -> None:
             code = 0 if stopped is None else STOPPED_EXIT if trainer.resumes or stopped == trainer.start_step else 1
         ended = summary is not None  # the run loop returned and nothing raised after it
     finally:
-        if trainer is not None:
-            trainer.close()
-        kept = _close_world(ended, dims)
+        try:
+            if trainer is not None:
+                trainer.close()
+        except BaseException:  # a tracker's close failing on rank 0: the peers meet no one (their barrier fails
+            _close_world(False, dims)  # as this process ends), this rank tears down and raises
+            raise
+        kept = _close_world(ended and not _multirun(), dims)  # a sweep's next job runs in this process
     if kept:
         _exit_now(code)
     if code:
@@ -207,15 +211,24 @@ def _close_world(ended: bool, dims) -> bool:
     return False
 
 
+def _multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def _exit_now(code: int) -> None:
     """End the process as ``sys.exit(code)`` would, less the interpreter's teardown (which would destroy the
-    process groups left open): non-daemon threads are joined and queued executor work finishes (as the
-    interpreter does first), the exit handlers run (logging's, the trackers', coverage's, a plugin's) and the
-    standard streams are flushed. Object finalizers (``__del__``) do not run, and a file a plugin left open
-    unclosed is not flushed: close what must reach the disk."""
+    process groups left open): the stop signals' previous handlers come back, non-daemon threads are joined and
+    queued executor work finishes (from the main thread, as the interpreter does first), the exit handlers run
+    (logging's, the trackers', coverage's, a plugin's) and the standard streams are flushed. Object finalizers
+    (``__del__``) do not run, and a file a plugin left open unclosed is not flushed: close what must reach the
+    disk."""
     import atexit
     import threading
 
+    restore(PREVIOUS)  # a signal while threads are joined ends the process again
     if threading.current_thread() is threading.main_thread():
         threading._shutdown()  # what the interpreter's exit does before the exit handlers
     atexit._run_exitfuncs()

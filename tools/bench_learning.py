@@ -35,7 +35,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOPPED = 75  # launch/train.py's exit status for a run stopped (SIGTERM/SIGUSR1) after its checkpoint
 sys.path.insert(0, ROOT)
-from esopt_mp.profiling.record import bench_record  # noqa: E402
+from esopt_mp.profiling.record import bench_record, git_commit  # noqa: E402
 from tools.learning_jobs import AlreadyRunning, Jobs  # noqa: E402
 from tools.learning_runs import finished, launches, result, write_atomic_json  # noqa: E402
 from tools.learning_tasks import LOWRANK, METHODS, TASKS  # noqa: E402
@@ -77,6 +77,8 @@ def compose(argv: list[str]) -> dict:
 def plan(task: str, methods: list[str], episodes: int | None, extra: list[str]) -> dict[str, dict]:
     """Each method's overrides and step count for an equal budget of ``episodes`` training episodes."""
     spec = TASKS[task]
+    if any(a.lstrip("+~").startswith("run.seed=") for a in extra):
+        raise SystemExit("error: run.seed is set per run by --seeds; an override would give every run the same seed")
     budget = episodes or spec["episodes"]
     if not budget:  # the task's ES run as its profile sets it: every method then plays what ES plays
         cfg = compose(spec["overrides"] + method_overrides(spec, "es") + list(extra))
@@ -136,15 +138,20 @@ def run_all(args, todo: dict[str, dict]) -> list[dict]:
     return results
 
 
+# where a run writes and saves, its layout and launcher, a harness's server
+IRRELEVANT = ("run", "parallel", "endpoint")
+
+
 def _settings(argv: list[str]) -> dict:
-    """What decides what a run learns: its composed config, less ``run.*`` (where it writes, how often it saves)
-    but for ``run.seed``. Composed, so the overrides' order and spelling (``1e-5`` or ``0.00001``) do not count."""
+    """What decides what a run learns: its config as this checkout composes it (its defaults, its environment),
+    less the sections in IRRELEVANT but for ``run.seed``. Composed, so the overrides' order and spelling (``1e-5``
+    or ``0.00001``) do not count; a default changed since the other report was made does not show."""
     def flat(d: dict, prefix: str = "") -> dict:
         return {k2: v2 for k, v in d.items()
                 for k2, v2 in (flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()}
 
     cfg = compose(argv)
-    return {**flat({k: v for k, v in cfg.items() if k != "run"}), "run.seed": cfg["run"]["seed"]}
+    return {**flat({k: v for k, v in cfg.items() if k not in IRRELEVANT}), "run.seed": cfg["run"]["seed"]}
 
 
 def _where(path: str) -> str:
@@ -159,7 +166,7 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
     method asked for, or a file that is not such a report, is refused in one line (a table must not mix them).
     Each row keeps where and how it was measured (``from_report``, ``measured_with``)."""
     out, seen, ours = [], set(), {}
-    commit = bench_record("learning", {})["machine"].get("git_commit")
+    commit = git_commit()
     for path in args.include or []:
         try:
             with open(path) as f:
@@ -171,7 +178,8 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
             raise SystemExit(f"error: --include {path}: not a learning benchmark report ({type(e).__name__}: {e})")
         if rep.get("task") != args.task:
             raise SystemExit(f"error: --include {path}: a report of task {rep.get('task')!r}, not {args.task!r}")
-        theirs_commit = (rep.get("machine") or {}).get("git_commit")
+        machine = rep.get("machine") if isinstance(rep.get("machine"), dict) else {}
+        theirs_commit = machine.get("git_commit")
         for r in runs:
             m, s = r.get("method"), r.get("seed")
             if m not in todo or s not in args.seeds or "after" not in r or (m, s) in seen:
@@ -181,11 +189,14 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
             plan_m = plans.get(m)
             if not isinstance(plan_m, dict) or not isinstance(plan_m.get("argv"), list):
                 raise SystemExit(f"error: --include {path}: it has a {m} run but no {m} plan (its settings)")
-            mine = ours.setdefault(m, _settings(todo[m]["argv"]))
+            if m not in ours:
+                ours[m] = _settings(todo[m]["argv"])
+            mine = ours[m]
             try:
                 theirs = _settings([str(a) for a in plan_m["argv"]])
             except Exception as e:  # noqa: BLE001 - an override this checkout's configs do not know
-                raise SystemExit(f"error: --include {path}: its {m} settings do not compose here ({e})")
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise SystemExit(f"error: --include {path}: its {m} settings do not compose here ({why})")
             if mine != theirs:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
                 raise SystemExit(f"error: --include {path}: its {m} runs were played with other settings "
@@ -194,7 +205,7 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
             if theirs_commit and commit and theirs_commit != commit:
                 print(f"[bench_learning] {m} seed {s}: measured at commit {theirs_commit[:10]} ({path}), not this "
                       f"checkout's {commit[:10]}", file=sys.stderr)
-            with_ = r.get("measured_with") or {"git_commit": theirs_commit, "machine": rep.get("machine"),
+            with_ = r.get("measured_with") or {"git_commit": theirs_commit, "machine": machine,
                                                "threads_per_run": rep.get("threads_per_run"), "jobs": rep.get("jobs")}
             out.append((m, s, {**r, "from_report": r.get("from_report") or _where(path), "measured_with": with_}))
     return out

@@ -170,3 +170,8 @@ def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no
     (tmp_path / "noplan.json").write_text(json.dumps({"task": "products", "plan": {}, "runs": runs}))
     with pytest.raises(SystemExit, match="it has a grpo run but no grpo plan"):
         bl.included(argparse.Namespace(**{**vars(args), "include": [str(tmp_path / "noplan.json")]}), todo)
+
+
+def test_a_seed_override_is_refused_the_seeds_are_the_benchmark_s():
+    with pytest.raises(SystemExit, match="run.seed is set per run by --seeds"):
+        bl.plan("products", ["grpo"], None, ["run.seed=7"])

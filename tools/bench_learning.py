@@ -322,7 +322,8 @@ def plot(reports: list[dict], png: str) -> str:
         full = any(r.get("success") == "full" for r in rep["runs"])
         ax.set_ylabel("held-out games won" if full else "held-out success")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no finished run yet: an empty panel, no legend
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     return png

@@ -70,7 +70,7 @@ def test_a_signal_to_the_benchmark_stops_its_run_and_reports_the_queued_one(tmp_
     ready = str(tmp_path / "out" / "grpo-seed0" / "ready")
     monkeypatch.setattr(bl, "command", lambda run_dir, *a: _cmd(run_dir)[0])
     args = argparse.Namespace(task="default", out=str(tmp_path / "out"), methods=["grpo", "ppo"], seeds=[0], jobs=1,
-                              threads=1, evals=1, report_only=False)
+                              threads=1, evals=1, report_only=False, include=None)
     todo = {m: {"argv": [], "steps": 2, "episodes_per_step": 1} for m in ("grpo", "ppo", "es")}
     args.methods = ["grpo", "ppo", "es"]
     done = tmp_path / "out" / "es-seed0"  # queued behind the stop, but finished earlier: read back, not "stopped"

@@ -146,17 +146,30 @@ def _settings(argv: list[str]) -> dict:
     """What decides what a run learns: its config as this checkout composes it (its defaults, its environment),
     less the sections in IRRELEVANT but for ``run.seed``. Composed, so the overrides' order and spelling (``1e-5``
     or ``0.00001``) do not count; a default changed since the other report was made does not show."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        return {k2: v2 for k, v in d.items()
-                for k2, v2 in (flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()}
+    from esopt_mp.typed import flatten
 
     cfg = compose(argv)
-    return {**flat({k: v for k, v in cfg.items() if k not in IRRELEVANT}), "run.seed": cfg["run"]["seed"]}
+    return {**flatten({k: v for k, v in cfg.items() if k not in IRRELEVANT}), "run.seed": cfg["run"]["seed"]}
 
 
 def _where(path: str) -> str:
     path = os.path.abspath(path)
     return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
+def _same_settings(path: str, m: str, plan_m, mine: dict) -> None:
+    """Refuse, in one line, report ``path``'s plan of method ``m`` unless it composes to the settings ``mine``."""
+    if not isinstance(plan_m, dict) or not isinstance(plan_m.get("argv"), list):
+        raise SystemExit(f"error: --include {path}: it has a {m} run but no {m} plan (its settings)")
+    try:
+        theirs = _settings([str(a) for a in plan_m["argv"]])
+    except Exception as e:  # noqa: BLE001 - an override this checkout's configs do not know
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise SystemExit(f"error: --include {path}: its {m} settings do not compose here ({why})")
+    if mine != theirs:
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        raise SystemExit(f"error: --include {path}: its {m} runs were played with other settings "
+                         f"(differing: {', '.join(diff)})")
 
 
 def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
@@ -180,27 +193,18 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
             raise SystemExit(f"error: --include {path}: a report of task {rep.get('task')!r}, not {args.task!r}")
         machine = rep.get("machine") if isinstance(rep.get("machine"), dict) else {}
         theirs_commit = machine.get("git_commit")
+        checked = set()  # this report's methods whose settings matched (composed once, not once per seed)
         for r in runs:
             m, s = r.get("method"), r.get("seed")
             if m not in todo or s not in args.seeds or "after" not in r or (m, s) in seen:
                 continue
             if os.path.exists(os.path.join(args.out, f"{m}-seed{s}")):
                 continue
-            plan_m = plans.get(m)
-            if not isinstance(plan_m, dict) or not isinstance(plan_m.get("argv"), list):
-                raise SystemExit(f"error: --include {path}: it has a {m} run but no {m} plan (its settings)")
-            if m not in ours:
-                ours[m] = _settings(todo[m]["argv"])
-            mine = ours[m]
-            try:
-                theirs = _settings([str(a) for a in plan_m["argv"]])
-            except Exception as e:  # noqa: BLE001 - an override this checkout's configs do not know
-                why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise SystemExit(f"error: --include {path}: its {m} settings do not compose here ({why})")
-            if mine != theirs:
-                diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-                raise SystemExit(f"error: --include {path}: its {m} runs were played with other settings "
-                                 f"(differing: {', '.join(diff)})")
+            if m not in checked:
+                if m not in ours:
+                    ours[m] = _settings(todo[m]["argv"])
+                _same_settings(path, m, plans.get(m), ours[m])
+                checked.add(m)
             seen.add((m, s))
             if theirs_commit and commit and theirs_commit != commit:
                 print(f"[bench_learning] {m} seed {s}: measured at commit {theirs_commit[:10]} ({path}), not this "

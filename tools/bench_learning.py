@@ -206,11 +206,12 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
                 _same_settings(path, m, plans.get(m), ours[m])
                 checked.add(m)
             seen.add((m, s))
-            if theirs_commit and commit and theirs_commit != commit:
-                print(f"[bench_learning] {m} seed {s}: measured at commit {theirs_commit[:10]} ({path}), not this "
-                      f"checkout's {commit[:10]}", file=sys.stderr)
             with_ = r.get("measured_with") or {"git_commit": theirs_commit, "machine": machine,
                                                "threads_per_run": rep.get("threads_per_run"), "jobs": rep.get("jobs")}
+            at = with_.get("git_commit") if isinstance(with_, dict) else None  # a row included before: its own
+            if at and commit and at != commit:
+                print(f"[bench_learning] {m} seed {s}: measured at commit {at[:10]} ({path}), not this "
+                      f"checkout's {commit[:10]}", file=sys.stderr)
             out.append((m, s, {**r, "from_report": r.get("from_report") or _where(path), "measured_with": with_}))
     return out
 

@@ -154,6 +154,10 @@ def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no
     row = got[0][2]
     assert row["after"] == 0.5 and row["from_report"] == rep and row["measured_with"]["git_commit"] == "0" * 40
     assert "grpo seed 0: measured at commit 0000000000" in capsys.readouterr().err
+    # that report's rows included again from a newer report: each names the commit it was measured at
+    again = _report(tmp_path / "again.json", "products", same, [row], commit="1" * 40)
+    assert bl.included(argparse.Namespace(**{**vars(args), "include": [again]}), todo)[0][2] == row
+    assert "grpo seed 0: measured at commit 0000000000" in capsys.readouterr().err
     other = _report(tmp_path / "o.json", "products", [*argv, "algo.lr=3e-6"], runs)
     with pytest.raises(SystemExit, match=r"its grpo runs were played with other settings \(differing: algo.lr\)"):
         bl.included(argparse.Namespace(**{**vars(args), "include": [other]}), todo)

@@ -187,6 +187,7 @@ def _predictions(config, profiles: dict, tp: int, wl: Workload, cpu: bool, opt: 
 
 
 def worker(a) -> int:
+    from esopt_mp.parallel import close_distributed
     from esopt_mp.profiling.profiles import run_profile
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -198,6 +199,7 @@ def worker(a) -> int:
     with open(tmp, "w") as f:
         json.dump(res, f)
     os.replace(tmp, a.raw)
+    close_distributed(drain=True)  # after the write: gloo may abort a rank tearing its groups down
     return 0
 
 

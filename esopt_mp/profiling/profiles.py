@@ -98,7 +98,9 @@ def _make_resident(model) -> None:
 
 
 def run_profile(name: str, ckpt: str, tp: int, wl: Workload, opt: ProfileOptions, interval_s: float = 0.01) -> dict:
-    """Run profile ``name`` in this (fresh) process; world/rank come from the launcher's environment."""
+    """Run profile ``name`` in this (fresh) process; world/rank come from the launcher's environment. The process
+    group stays up: the caller writes the result first, then calls ``close_distributed`` (gloo can abort a rank
+    in its teardown, which must not cost the profile)."""
     # everything the profile imports is imported before the baseline, so library code is not counted as memory
     import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: F401
@@ -106,7 +108,7 @@ def run_profile(name: str, ckpt: str, tp: int, wl: Workload, opt: ProfileOptions
     import esopt_mp.engine.hf  # noqa: F401
     import esopt_mp.es.perturber  # noqa: F401
     from esopt_mp.models.loading import load_model
-    from esopt_mp.parallel import close_distributed, discover, init_distributed
+    from esopt_mp.parallel import discover, init_distributed
 
     if name not in PROFILES:
         raise ValueError(f"--profiles: unknown profile {name!r}; known: {list(PROFILES)}")
@@ -135,7 +137,6 @@ def run_profile(name: str, ckpt: str, tp: int, wl: Workload, opt: ProfileOptions
     s.stop()
     step_s = time.perf_counter() - t1
     local = sum((p.data.to_local() if hasattr(p.data, "to_local") else p.data).numel() for p in model.parameters())
-    close_distributed()
     return {"profile": name, "rank": dims.rank, "world": le.world_size, "tp": tp, "baseline_bytes": baseline,
             "window": s.peak(WINDOW), "phases": s.phase_peaks(), "host_by_design_bytes": host_by_design,
             "ru_maxrss_bytes": max(s.ru_maxrss_bytes, ru_maxrss_bytes()), "device_counter": s.device_counter,

@@ -16,7 +16,8 @@ Each run is ``launch/train.py`` in its own process and run dir (``--out/<method>
 ``ESOPT_THREADS=--threads``; a run dir whose run finished is read, not run again, and an unfinished one is
 launched again and resumes from its checkpoint (add ``-- run.checkpoint_every=N``), so a stopped benchmark
 continues where it was: SIGTERM to its runs makes each finish its step, save and exit, and the same command
-later goes on (a run's wall time and peak RSS then cover all its processes). Held-out success is measured on the
+later goes on (a run's wall time and peak RSS then cover all its processes, and its row's ``measured_with`` the
+commit, threads per run and runs at once each of them ran with). Held-out success is measured on the
 task's held-out split, played as its profile says (greedily, or sampled with the same draws at every
 evaluation): the mean held-out return for the tasks that score 0 or 1, the share of won games for a game that
 also gives a lost one partial credit (a task's ``success``: ``full``). Held-out episodes are not counted in the
@@ -206,9 +207,10 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
                 _same_settings(path, m, plans.get(m), ours[m])
                 checked.add(m)
             seen.add((m, s))
-            with_ = r.get("measured_with") or {"git_commit": theirs_commit, "machine": machine,
-                                               "threads_per_run": rep.get("threads_per_run"), "jobs": rep.get("jobs")}
-            at = with_.get("git_commit") if isinstance(with_, dict) else None  # a row included before: its own
+            with_ = {"git_commit": theirs_commit, "machine": machine,  # what the row does not say, its report does
+                     "threads_per_run": rep.get("threads_per_run"), "jobs": rep.get("jobs"),
+                     **(r["measured_with"] if isinstance(r.get("measured_with"), dict) else {})}
+            at = with_["git_commit"]  # a row included before, or measured with its own: its own
             if at and commit and at != commit:
                 print(f"[bench_learning] {m} seed {s}: measured at commit {at[:10]} ({path}), not this "
                       f"checkout's {commit[:10]}", file=sys.stderr)
@@ -221,6 +223,7 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
     row = lambda m, s, run_dir, **kw: {"method": m, "seed": s, "run_dir": os.path.relpath(run_dir, ROOT), **kw}  # noqa
     read_back = lambda m, s, run_dir: result(m, s, run_dir, todo[m]["episodes_per_step"], None, None,  # noqa: E731
                                              start_dir, success, kept=earlier.get((m, s)))
+    how = {"git_commit": git_commit(), "threads_per_run": args.threads, "jobs": args.jobs}  # each process's
     while (queue and not jobs.stopping) or jobs.running:
         while queue and not jobs.stopping and len(jobs.running) < args.jobs:
             m, s = queue.pop(0)
@@ -248,7 +251,7 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
         (m, s), run_dir, code, wall, rss, stopped = jobs.reap()
         if code != 0 or finished(run_dir) is None:
             write_atomic_json(os.path.join(run_dir, "bench_launches.json"), launches(run_dir) + [
-                {"wall_s": wall, "peak_rss_bytes": rss, "exit": code}])
+                {"wall_s": wall, "peak_rss_bytes": rss, "exit": code, "how": how}])
             if stopped:
                 print(f"[bench_learning] {m} seed {s}: stopped ({wall:.0f} s); the same command resumes it",
                       file=sys.stderr)
@@ -258,7 +261,7 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
             print(f"[bench_learning] {m} seed {s} failed (exit {code}):\n{tail}", file=sys.stderr)
             results.append(row(m, s, run_dir, failed=code))
             continue
-        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, rss, start_dir, success)
+        r = result(m, s, run_dir, todo[m]["episodes_per_step"], wall, rss, start_dir, success, how=how)
         results.append(r)
         print(f"[bench_learning] {m} seed {s}: {r['before']:.3f} -> {r['after']:.3f} in {wall:.0f} s",
               file=sys.stderr)

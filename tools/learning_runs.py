@@ -47,10 +47,12 @@ def curve_of(rows: list[dict], n_per_step: int, success: str = "mean", where: st
 
 
 def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float | None,
-           maxrss: int | None, start_dir: str | None, success: str = "mean", kept: dict | None = None) -> dict:
+           maxrss: int | None, start_dir: str | None, success: str = "mean", kept: dict | None = None,
+           how: dict | None = None) -> dict:
     """A finished run's row. ``wall_s``/``maxrss``: of the process that has just finished it (its earlier,
-    stopped processes are added); None when the run is read back: its ``bench_run.json``, else ``kept`` (an
-    earlier report's row of a run that finished before that file was written)."""
+    stopped processes are added), ``how`` what it ran with (commit, threads, jobs: see ``measured_with``); None
+    when the run is read back: its ``bench_run.json``, else ``kept`` (an earlier report's row of a run that
+    finished before that file was written)."""
     from esopt_mp.runfiles import read_jsonl
 
     rows = list(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
@@ -60,12 +62,14 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
     if wall_s is not None:
         wall_s, maxrss = wall_s + sum(e["wall_s"] for e in earlier), max([maxrss or 0] + [e["peak_rss_bytes"] or 0
                                                                                         for e in earlier]) or None
-        write_atomic_json(measured, {"wall_s": wall_s, "peak_rss_bytes": maxrss, "processes": len(earlier) + 1})
+        with_ = measured_with([e.get("how") for e in earlier] + [how])
+        write_atomic_json(measured, {"wall_s": wall_s, "peak_rss_bytes": maxrss, "processes": len(earlier) + 1,
+                                     **({"measured_with": with_} if with_ else {})})
     else:
         if os.path.exists(measured):
             with open(measured) as f:
                 kept = json.load(f)
-        wall_s, maxrss = (kept or {}).get("wall_s"), (kept or {}).get("peak_rss_bytes")
+        wall_s, maxrss, with_ = ((kept or {}).get(k) for k in ("wall_s", "peak_rss_bytes", "measured_with"))
     # the start and the end from the curves, whatever step a resumed run began at (its summary starts there)
     curve, returns = curve_of(rows, n_per_step, success, run_dir), curve_of(rows, n_per_step)
     before, after = curve[0][1], curve[-1][1]
@@ -77,7 +81,7 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
            # included, and a resume's evaluation where it could not reuse a recorded score)
            "train_seconds": summary["seconds"] if not earlier else wall_s, "processes": len(earlier) + 1,
            "wall_s": wall_s, "peak_rss_bytes": maxrss or summary.get("peak_rss_bytes"),
-           "peak_gpu_bytes": summary.get("peak_gpu_bytes")}
+           "peak_gpu_bytes": summary.get("peak_gpu_bytes"), **({"measured_with": with_} if with_ else {})}
     export = end_weights(run_dir, start_dir) if start_dir else None
     if export is not None:
         cached = os.path.join(run_dir, "drift.json")
@@ -91,6 +95,14 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
         except Exception as e:  # noqa: BLE001 - a report without drift beats none; rerunning fills it in
             print(f"[bench_learning] {method} seed {seed}: no drift ({type(e).__name__}: {e})", file=sys.stderr)
     return out
+
+
+def measured_with(hows: list[dict | None]) -> dict:
+    """What a run's processes ran with, a key at a time: one value where they agree, else each process's in order
+    (a run stopped at 1 thread and resumed at 2 ran at ``[1, 2]``); processes that did not say are left out."""
+    hows = [h for h in hows if h]
+    return {k: vals[0] if len(set(map(json.dumps, vals))) == 1 else vals
+            for k in dict.fromkeys(k for h in hows for k in h) for vals in [[h[k] for h in hows if k in h]]}
 
 
 def launches(run_dir: str) -> list[dict]:

@@ -91,15 +91,21 @@ def test_a_resumed_run_s_start_is_its_first_evaluation_not_its_summary_s(tmp_pat
     assert (got["return_before"], got["return_after"]) == (0.6, 0.9)
     assert (got["wall_s"], got["peak_rss_bytes"]) == (5.0, 2 ** 30)  # one process: its own figures
     # stopped once after its checkpoint and relaunched: the wall time and peak RSS cover both processes
-    (tmp_path / "bench_launches.json").write_text(json.dumps([{"wall_s": 7.0, "peak_rss_bytes": 2 ** 31, "exit": 75}]))
-    got = lr.result("es", 0, str(tmp_path), 64, 5.0, 2 ** 30, None, "full")
+    first, second = {"git_commit": "a" * 40, "threads_per_run": 1, "jobs": 2}, {"git_commit": "a" * 40,
+                                                                                 "threads_per_run": 2, "jobs": 1}
+    (tmp_path / "bench_launches.json").write_text(json.dumps([{"wall_s": 7.0, "peak_rss_bytes": 2 ** 31, "exit": 75,
+                                                               "how": first}]))
+    got = lr.result("es", 0, str(tmp_path), 64, 5.0, 2 ** 30, None, "full", how=second)
     assert (got["wall_s"], got["peak_rss_bytes"], got["train_seconds"], got["processes"]) == (12.0, 2 ** 31, 12.0, 2)
+    # what each process ran with: one value where they agree, both in order where they do not
+    assert got["measured_with"] == {"git_commit": "a" * 40, "threads_per_run": [1, 2], "jobs": [2, 1]}
     kept = json.loads((tmp_path / "bench_run.json").read_text())
-    assert kept == {"wall_s": 12.0, "peak_rss_bytes": 2 ** 31, "processes": 2}
+    assert kept == {"wall_s": 12.0, "peak_rss_bytes": 2 ** 31, "processes": 2, "measured_with": got["measured_with"]}
     for _ in range(2):  # read back (a later command, a --report-only): as kept, however often, whatever the
         # earlier report said
         again = lr.result("es", 0, str(tmp_path), 64, None, None, None, "full", kept={"wall_s": 99.0})
         assert (again["wall_s"], again["peak_rss_bytes"], again["train_seconds"]) == (12.0, 2 ** 31, 12.0)
+        assert again["measured_with"] == got["measured_with"]
     (tmp_path / "bench_run.json").unlink()  # a run that finished before its measurements were kept: the report's
     assert lr.result("es", 0, str(tmp_path), 64, None, None, None, "full", kept={"wall_s": 99.0})["wall_s"] == 99.0
 
@@ -158,6 +164,11 @@ def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no
     again = _report(tmp_path / "again.json", "products", same, [row], commit="1" * 40)
     assert bl.included(argparse.Namespace(**{**vars(args), "include": [again]}), todo)[0][2] == row
     assert "grpo seed 0: measured at commit 0000000000" in capsys.readouterr().err
+    # a row that names what it ran with keeps it; what it does not name comes from its report
+    own = {**runs[0], "measured_with": {"git_commit": "2" * 40, "threads_per_run": [1, 2]}}
+    mixed = _report(tmp_path / "mixed.json", "products", same, [own], commit="1" * 40)
+    with_ = bl.included(argparse.Namespace(**{**vars(args), "include": [mixed]}), todo)[0][2]["measured_with"]
+    assert (with_["git_commit"], with_["threads_per_run"]) == ("2" * 40, [1, 2]) and "machine" in with_
     other = _report(tmp_path / "o.json", "products", [*argv, "algo.lr=3e-6"], runs)
     with pytest.raises(SystemExit, match=r"its grpo runs were played with other settings \(differing: algo.lr\)"):
         bl.included(argparse.Namespace(**{**vars(args), "include": [other]}), todo)

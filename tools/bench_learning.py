@@ -17,7 +17,7 @@ Each run is ``launch/train.py`` in its own process and run dir (``--out/<method>
 launched again and resumes from its checkpoint (add ``-- run.checkpoint_every=N``), so a stopped benchmark
 continues where it was: SIGTERM to its runs makes each finish its step, save and exit, and the same command
 later goes on (a run's wall time and peak RSS then cover all its processes, and its row's ``measured_with`` the
-commit, threads per run and runs at once each of them ran with). Held-out success is measured on the
+commit, ``--threads`` and ``--jobs`` each of them ran with). Held-out success is measured on the
 task's held-out split, played as its profile says (greedily, or sampled with the same draws at every
 evaluation): the mean held-out return for the tasks that score 0 or 1, the share of won games for a game that
 also gives a lost one partial credit (a task's ``success``: ``full``). Held-out episodes are not counted in the
@@ -193,7 +193,6 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
         if rep.get("task") != args.task:
             raise SystemExit(f"error: --include {path}: a report of task {rep.get('task')!r}, not {args.task!r}")
         machine = rep.get("machine") if isinstance(rep.get("machine"), dict) else {}
-        theirs_commit = machine.get("git_commit")
         checked = set()  # this report's methods whose settings matched (composed once, not once per seed)
         for r in runs:
             m, s = r.get("method"), r.get("seed")
@@ -207,15 +206,27 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
                 _same_settings(path, m, plans.get(m), ours[m])
                 checked.add(m)
             seen.add((m, s))
-            with_ = {"git_commit": theirs_commit, "machine": machine,  # what the row does not say, its report does
-                     "threads_per_run": rep.get("threads_per_run"), "jobs": rep.get("jobs"),
-                     **(r["measured_with"] if isinstance(r.get("measured_with"), dict) else {})}
-            at = with_["git_commit"]  # a row included before, or measured with its own: its own
-            if at and commit and at != commit:
-                print(f"[bench_learning] {m} seed {s}: measured at commit {at[:10]} ({path}), not this "
-                      f"checkout's {commit[:10]}", file=sys.stderr)
+            with_ = _measured_with(path, r, rep, machine)
+            at = with_["git_commit"] if isinstance(with_["git_commit"], list) else [with_["git_commit"]]
+            if commit and any(c and c != commit for c in at):
+                print(f"[bench_learning] {m} seed {s}: measured at commit {', '.join(c[:10] if c else '?' for c in at)}"
+                      f" ({path}), not this checkout's {commit[:10]}", file=sys.stderr)
             out.append((m, s, {**r, "from_report": r.get("from_report") or _where(path), "measured_with": with_}))
     return out
+
+
+def _measured_with(path: str, r: dict, rep: dict, machine: dict) -> dict:
+    """An included row's ``measured_with``: its own (a row included before, or one its run recorded), what it does
+    not say from its report (that report's commit and machine, threads and jobs)."""
+    own = r.get("measured_with")
+    own = {k: v for k, v in own.items() if v is not None} if isinstance(own, dict) else {}
+    commits = own.get("git_commit", machine.get("git_commit"))
+    if not all(c is None or isinstance(c, str) for c in (commits if isinstance(commits, list) else [commits])):
+        raise SystemExit(f"error: --include {path}: not a learning benchmark report (a commit that is not a "
+                         f"string: {commits!r})")
+    fill = {"git_commit": machine.get("git_commit"), "threads_per_run": rep.get("threads_per_run"),
+            "jobs": rep.get("jobs"), "machine": {k: v for k, v in machine.items() if k != "git_commit"}}
+    return {**fill, **own}
 
 
 def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> None:

@@ -97,16 +97,20 @@ def result(method: str, seed: int, run_dir: str, n_per_step: int, wall_s: float 
     return out
 
 
-def measured_with(hows: list[dict | None]) -> dict:
-    """What a run's processes ran with, a key at a time: one value where they agree, else each process's in order
-    (a run stopped at 1 thread and resumed at 2 ran at ``[1, 2]``); processes that did not say are left out."""
-    hows = [h for h in hows if h]
+def measured_with(hows: list) -> dict:
+    """What a run's processes ran with, a key at a time: one value where every process says the same, else each
+    process's in order, None for one that did not say (stopped under an older version: ``[None, 2]``)."""
+    hows = [h if isinstance(h, dict) else {} for h in hows]
+    if not any(hows):
+        return {}
+    keys = dict.fromkeys(k for h in hows for k in h)
     return {k: vals[0] if len(set(map(json.dumps, vals))) == 1 else vals
-            for k in dict.fromkeys(k for h in hows for k in h) for vals in [[h[k] for h in hows if k in h]]}
+            for k in keys for vals in [[h.get(k) for h in hows]]}
 
 
 def launches(run_dir: str) -> list[dict]:
-    """The earlier processes of a run that was stopped (or failed) and relaunched: each one's wall and peak RSS."""
+    """The earlier processes of a run that was stopped (or failed) and relaunched: each one's wall time, peak RSS,
+    exit status and what it ran with (``how``)."""
     path = os.path.join(run_dir, "bench_launches.json")
     if not os.path.exists(path):
         return []

@@ -196,11 +196,27 @@ def worker(a) -> int:
     torch.set_num_threads(max(1, a.threads))
     res = run_profile(a.worker, a.ckpt, a.tp, _workload(a), _options(a), a.interval_ms / 1000)
     tmp = a.raw + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f)
-    os.replace(tmp, a.raw)
-    close_distributed(drain=True)  # after the write: gloo may abort a rank tearing its groups down
+    try:
+        with open(tmp, "w") as f:
+            json.dump(res, f)
+        os.replace(tmp, a.raw)
+    except BaseException:
+        close_distributed()  # a rank that failed does not wait for its peers at a barrier
+        raise
+    # written first; then, on gloo, the groups are left to the process's end (gloo may abort a rank tearing them
+    # down even after every rank has met: the profile would read as failed)
+    if close_distributed(drain=True, keep=_gloo()):
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(0)
     return 0
+
+
+def _gloo() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_backend() == "gloo"
 
 
 def main(argv=None) -> int:
@@ -266,7 +282,9 @@ def main(argv=None) -> int:
         if le.world_size > 1:  # a process group of its own per profile, with its own store (not torchrun's agent's)
             env.update(MASTER_PORT=str(le.master_port + 1 + i), TORCHELASTIC_USE_AGENT_STORE="False")
         rc, log = _spawn(me + shared + flags + ["--worker", name, "--raw", raw], env, a.timeout_s)
-        if rc:
+        if rc and os.path.exists(raw):  # written before its teardown: the profile stands
+            print(f"memprof: profile {name} on rank {le.rank} exited {rc} after writing its result", file=sys.stderr)
+        elif rc:
             errors[name] = log[-2000:]
             print(f"memprof: profile {name} failed on rank {le.rank} (exit {rc}):\n{log[-2000:]}", file=sys.stderr)
     if le.rank != 0:

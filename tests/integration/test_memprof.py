@@ -43,3 +43,33 @@ def test_memprof_tiny(tmp_path):
     v = r["versions"]  # what produced the figures
     assert v["python"] == platform.python_version() and v["platform"] and v["torch"] and v["transformers"]
     assert {"triton", "vllm", "cuda", "driver", "gpus"} <= set(v)
+
+
+# On PYTHONPATH in every process: tearing a process group down aborts, as gloo's destructor can when a peer has
+# closed its sockets first.
+_TEARDOWN_ABORTS = """
+import os
+import torch.distributed as dist
+
+dist.destroy_process_group = lambda *a, **k: os.abort()
+"""
+
+
+def test_memprof_two_ranks_keeps_its_profile_where_a_teardown_would_abort(tmp_path):
+    """tp=2 under torchrun: each rank's worker writes its result, meets its peer, and ends without tearing its
+    gloo group down; the report has both ranks of the profile."""
+    from esopt_mp.parallel.local_world import free_port
+
+    site, out = tmp_path / "site", tmp_path / "mp"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_TEARDOWN_ABORTS)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(site), ROOT]))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(free_port()), "tools/memprof.py", "--shape", "tiny", "--tp", "2",
+                           "--out", str(out), "--profiles", "inference", "--batch", "2", "--turns", "2",
+                           "--first-prompt", "8", "--turn-prompt", "4", "--new-tokens", "4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["model"]["tp"] == 2 and set(r["profiles"]) == {"inference"}
+    assert len(r["profiles"]["inference"]["per_rank"]) == 2 and "exited" not in proc.stderr

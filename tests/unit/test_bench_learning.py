@@ -106,6 +106,10 @@ def test_a_resumed_run_s_start_is_its_first_evaluation_not_its_summary_s(tmp_pat
         again = lr.result("es", 0, str(tmp_path), 64, None, None, None, "full", kept={"wall_s": 99.0})
         assert (again["wall_s"], again["peak_rss_bytes"], again["train_seconds"]) == (12.0, 2 ** 31, 12.0)
         assert again["measured_with"] == got["measured_with"]
+    # a process that did not say (stopped under an older version) is None in each list, not left out
+    assert lr.measured_with([{"wall_s": 1.0}.get("how"), second, "bad"]) == {
+        "git_commit": [None, "a" * 40, None], "threads_per_run": [None, 2, None], "jobs": [None, 1, None]}
+    assert lr.measured_with([None, None]) == {} and lr.measured_with([second, second]) == second
     (tmp_path / "bench_run.json").unlink()  # a run that finished before its measurements were kept: the report's
     assert lr.result("es", 0, str(tmp_path), 64, None, None, None, "full", kept={"wall_s": 99.0})["wall_s"] == 99.0
 
@@ -164,11 +168,16 @@ def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no
     again = _report(tmp_path / "again.json", "products", same, [row], commit="1" * 40)
     assert bl.included(argparse.Namespace(**{**vars(args), "include": [again]}), todo)[0][2] == row
     assert "grpo seed 0: measured at commit 0000000000" in capsys.readouterr().err
-    # a row that names what it ran with keeps it; what it does not name comes from its report
-    own = {**runs[0], "measured_with": {"git_commit": "2" * 40, "threads_per_run": [1, 2]}}
+    # a row that names what it ran with keeps it; what it does not name (or names None) comes from its report,
+    # whose machine then does not contradict the row's commit
+    own = {**runs[0], "measured_with": {"git_commit": ["2" * 40, None], "threads_per_run": [1, 2], "jobs": None}}
     mixed = _report(tmp_path / "mixed.json", "products", same, [own], commit="1" * 40)
     with_ = bl.included(argparse.Namespace(**{**vars(args), "include": [mixed]}), todo)[0][2]["measured_with"]
-    assert (with_["git_commit"], with_["threads_per_run"]) == ("2" * 40, [1, 2]) and "machine" in with_
+    assert with_ == {"git_commit": ["2" * 40, None], "threads_per_run": [1, 2], "jobs": 2, "machine": {}}
+    assert "grpo seed 0: measured at commit 2222222222, ?" in capsys.readouterr().err
+    bad = _report(tmp_path / "bad_commit.json", "products", same, [{**runs[0], "measured_with": {"git_commit": 7}}])
+    with pytest.raises(SystemExit, match="a commit that is not a string: 7"):
+        bl.included(argparse.Namespace(**{**vars(args), "include": [bad]}), todo)
     other = _report(tmp_path / "o.json", "products", [*argv, "algo.lr=3e-6"], runs)
     with pytest.raises(SystemExit, match=r"its grpo runs were played with other settings \(differing: algo.lr\)"):
         bl.included(argparse.Namespace(**{**vars(args), "include": [other]}), todo)

@@ -220,6 +220,8 @@ def _measured_with(path: str, r: dict, rep: dict, machine: dict) -> dict:
     not say from its report (that report's commit and machine, threads and jobs)."""
     own = r.get("measured_with")
     own = {k: v for k, v in own.items() if v is not None} if isinstance(own, dict) else {}
+    if isinstance(own.get("machine"), dict):  # the commit is said once, beside it
+        own["machine"] = {k: v for k, v in own["machine"].items() if k != "git_commit"}
     commits = own.get("git_commit", machine.get("git_commit"))
     if not all(c is None or isinstance(c, str) for c in (commits if isinstance(commits, list) else [commits])):
         raise SystemExit(f"error: --include {path}: not a learning benchmark report (a commit that is not a "

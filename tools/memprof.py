@@ -196,16 +196,18 @@ def worker(a) -> int:
     torch.set_num_threads(max(1, a.threads))
     res = run_profile(a.worker, a.ckpt, a.tp, _workload(a), _options(a), a.interval_ms / 1000)
     tmp = a.raw + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(res, f)
-        os.replace(tmp, a.raw)
-    except BaseException:
-        close_distributed()  # a rank that failed does not wait for its peers at a barrier
-        raise
+    with open(tmp, "w") as f:  # a failed write raises before the barrier: the peers are not waited for
+        json.dump(res, f)
+    os.replace(tmp, a.raw)
     # written first; then, on gloo, the groups are left to the process's end (gloo may abort a rank tearing them
     # down even after every rank has met: the profile would read as failed)
-    if close_distributed(drain=True, keep=_gloo()):
+    try:
+        kept = close_distributed(drain=True, keep=_gloo())
+    except Exception as e:  # noqa: BLE001 - a peer that failed: this rank's profile is written all the same
+        logging.getLogger("memprof").warning("the other ranks could not be met after the profile (%s: %s)",
+                                             type(e).__name__, e)
+        kept = True
+    if kept:
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()

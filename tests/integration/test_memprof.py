@@ -63,7 +63,8 @@ def test_memprof_two_ranks_keeps_its_profile_where_a_teardown_would_abort(tmp_pa
     site, out = tmp_path / "site", tmp_path / "mp"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_TEARDOWN_ABORTS)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(site), ROOT]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(site), ROOT]),
+               CUDA_VISIBLE_DEVICES="")  # gloo's path: with a GPU the ranks would take NCCL
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--master-port", str(free_port()), "tools/memprof.py", "--shape", "tiny", "--tp", "2",
                            "--out", str(out), "--profiles", "inference", "--batch", "2", "--turns", "2",
@@ -73,3 +74,28 @@ def test_memprof_two_ranks_keeps_its_profile_where_a_teardown_would_abort(tmp_pa
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["model"]["tp"] == 2 and set(r["profiles"]) == {"inference"}
     assert len(r["profiles"]["inference"]["per_rank"]) == 2 and "exited" not in proc.stderr
+
+
+def test_a_profile_written_before_its_worker_died_is_kept(tmp_path, capsys, monkeypatch):
+    """A worker that exits non-zero after writing its result (killed in its teardown): the profile stands, with
+    one line saying so; one that wrote nothing still fails."""
+    sys.path.insert(0, ROOT)
+    from tools import memprof
+
+    real = memprof._spawn
+
+    def dies_after_writing(cmd, env, timeout):
+        rc, log = real(cmd, env, timeout)
+        return (-6, log) if "--worker" in cmd else (rc, log)
+
+    monkeypatch.setattr(memprof, "_spawn", dies_after_writing)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    argv = ["--shape", "tiny", "--out", str(tmp_path / "mp"), "--profiles", "inference", "--batch", "2", "--turns",
+            "1", "--first-prompt", "8", "--turn-prompt", "4", "--new-tokens", "2"]
+    assert memprof.main(argv) == 0
+    out = capsys.readouterr()
+    assert set(json.loads(out.out.strip().splitlines()[-1])["profiles"]) == {"inference"}
+    assert "memprof: profile inference on rank 0 exited -6 after writing its result" in out.err
+    monkeypatch.setattr(memprof, "_spawn", lambda cmd, env, timeout: (-6, "killed") if "--worker" in cmd else real(
+        cmd, env, timeout))
+    assert memprof.main(argv) != 0 and "profile inference failed on rank 0 (exit -6)" in capsys.readouterr().err

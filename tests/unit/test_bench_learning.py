@@ -174,6 +174,10 @@ def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no
     mixed = _report(tmp_path / "mixed.json", "products", same, [own], commit="1" * 40)
     with_ = bl.included(argparse.Namespace(**{**vars(args), "include": [mixed]}), todo)[0][2]["measured_with"]
     assert with_ == {"git_commit": ["2" * 40, None], "threads_per_run": [1, 2], "jobs": 2, "machine": {}}
+    own["measured_with"]["machine"] = {"git_commit": "3" * 40, "cpu_count": 2}  # the commit is said once
+    mixed = _report(tmp_path / "mixed.json", "products", same, [own], commit="1" * 40)
+    with_ = bl.included(argparse.Namespace(**{**vars(args), "include": [mixed]}), todo)[0][2]["measured_with"]
+    assert with_["machine"] == {"cpu_count": 2} and with_["git_commit"] == ["2" * 40, None]
     assert "grpo seed 0: measured at commit 2222222222, ?" in capsys.readouterr().err
     bad = _report(tmp_path / "bad_commit.json", "products", same, [{**runs[0], "measured_with": {"git_commit": 7}}])
     with pytest.raises(SystemExit, match="a commit that is not a string: 7"):

@@ -219,25 +219,12 @@ def _multirun() -> bool:
 
 
 def _exit_now(code: int) -> None:
-    """End the process as ``sys.exit(code)`` would, less the interpreter's teardown (which would destroy the
-    process groups left open): the stop signals' previous handlers come back, non-daemon threads are joined and
-    queued executor work finishes (from the main thread, as the interpreter does first), the exit handlers run
-    (logging's, the trackers', coverage's, a plugin's) and the standard streams are flushed. Object finalizers
-    (``__del__``) do not run, and a file a plugin left open unclosed is not flushed: close what must reach the
-    disk."""
-    import atexit
-    import threading
+    """End the process without destroying the process groups left open (``exit_keeping_groups``), the stop
+    signals' previous handlers back first: a signal while threads are joined ends the process again."""
+    from esopt_mp.parallel import exit_keeping_groups
 
-    restore(PREVIOUS)  # a signal while threads are joined ends the process again
-    if threading.current_thread() is threading.main_thread():
-        threading._shutdown()  # what the interpreter's exit does before the exit handlers
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed, or a pipe whose reader is gone
-            pass
-    os._exit(code)
+    restore(PREVIOUS)
+    exit_keeping_groups(code)
 
 
 if __name__ == "__main__":

@@ -187,7 +187,7 @@ def _predictions(config, profiles: dict, tp: int, wl: Workload, cpu: bool, opt: 
 
 
 def worker(a) -> int:
-    from esopt_mp.parallel import close_distributed
+    from esopt_mp.parallel import close_distributed, exit_keeping_groups
     from esopt_mp.profiling.profiles import run_profile
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -208,10 +208,7 @@ def worker(a) -> int:
                                              type(e).__name__, e)
         kept = True
     if kept:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(0)
+        exit_keeping_groups(0)
     return 0
 
 

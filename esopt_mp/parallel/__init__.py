@@ -8,6 +8,7 @@ _EXPORTS = {
     "Collectives": "collectives", "CommStats": "collectives", "ReplicaDriftError": "collectives",
     "check_replicas": "collectives", "first_failure": "collectives", "gather_returns": "collectives",
     "shard_checksum": "collectives", "ParallelDims": "dims", "close_distributed": "dims",
+    "exit_keeping_groups": "dims",
     "init_distributed": "dims", "average_grads": "grads", "global_grad_norm": "grads", "LaunchEnv": "launcher",
     "MemberQueue": "member_queue",
     "cpu_threads": "launcher", "discover": "launcher", "first_slurm_host": "launcher",

@@ -174,7 +174,8 @@ def close_distributed(drain: bool = False, drained=None, keep: bool = False) -> 
     end, and True is returned: the caller must then end the process without the interpreter's teardown (which
     would destroy them), as ``launch/train.py`` does. Even after the barrier, gloo can abort a rank in its
     destructor when a peer has closed its sockets first (a finished run's rank killed by SIGABRT: exit -6, not
-    its code, and a stopped run not requeued); the process's end closes them without a destructor.
+    its code, and a stopped run not requeued); the process's end (``exit_keeping_groups``) closes them without a
+    destructor.
     """
     if dist.is_initialized():
         if drain:
@@ -185,3 +186,25 @@ def close_distributed(drain: bool = False, drained=None, keep: bool = False) -> 
                 return True
         dist.destroy_process_group()
     return False
+
+
+def exit_keeping_groups(code: int) -> None:
+    """End the process as ``sys.exit(code)`` would, less the interpreter's teardown (which would destroy the
+    process groups ``close_distributed(keep=True)`` left open): non-daemon threads are joined and queued executor
+    work finishes (from the main thread, as the interpreter does first), the exit handlers run (logging's, the
+    trackers', coverage's, a plugin's) and the standard streams are flushed. Object finalizers (``__del__``) do
+    not run, and a file a plugin left open unclosed is not flushed: close what must reach the disk."""
+    import atexit
+    import os
+    import sys
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        threading._shutdown()  # what the interpreter's exit does before the exit handlers
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader is gone
+            pass
+    os._exit(code)

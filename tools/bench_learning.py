@@ -206,8 +206,11 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
                 _same_settings(path, m, plans.get(m), ours[m])
                 checked.add(m)
             seen.add((m, s))
-            with_ = _measured_with(path, r, rep, machine)
+            with_ = _measured_with(r, rep, machine)
             at = with_["git_commit"] if isinstance(with_["git_commit"], list) else [with_["git_commit"]]
+            if not all(c is None or isinstance(c, str) for c in at):
+                raise SystemExit(f"error: --include {path}: not a learning benchmark report (a commit that is not a "
+                                 f"string: {with_['git_commit']!r})")
             if commit and any(c and c != commit for c in at):
                 print(f"[bench_learning] {m} seed {s}: measured at commit {', '.join(c[:10] if c else '?' for c in at)}"
                       f" ({path}), not this checkout's {commit[:10]}", file=sys.stderr)
@@ -215,20 +218,18 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
     return out
 
 
-def _measured_with(path: str, r: dict, rep: dict, machine: dict) -> dict:
+def _measured_with(r: dict, rep: dict, machine: dict) -> dict:
     """An included row's ``measured_with``: its own (a row included before, or one its run recorded), what it does
-    not say from its report (that report's commit and machine, threads and jobs)."""
+    not say from its report (that report's commit and machine, threads and jobs). The commit is said once, not
+    again inside the machine."""
     own = r.get("measured_with")
     own = {k: v for k, v in own.items() if v is not None} if isinstance(own, dict) else {}
-    if isinstance(own.get("machine"), dict):  # the commit is said once, beside it
-        own["machine"] = {k: v for k, v in own["machine"].items() if k != "git_commit"}
-    commits = own.get("git_commit", machine.get("git_commit"))
-    if not all(c is None or isinstance(c, str) for c in (commits if isinstance(commits, list) else [commits])):
-        raise SystemExit(f"error: --include {path}: not a learning benchmark report (a commit that is not a "
-                         f"string: {commits!r})")
     fill = {"git_commit": machine.get("git_commit"), "threads_per_run": rep.get("threads_per_run"),
-            "jobs": rep.get("jobs"), "machine": {k: v for k, v in machine.items() if k != "git_commit"}}
-    return {**fill, **own}
+            "jobs": rep.get("jobs"), "machine": machine}
+    with_ = {**fill, **own}
+    if isinstance(with_["machine"], dict):
+        with_["machine"] = {k: v for k, v in with_["machine"].items() if k != "git_commit"}
+    return with_
 
 
 def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> None:

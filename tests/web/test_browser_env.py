@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -172,8 +173,8 @@ def test_site_dying_mid_episode_fails_that_episode_and_the_batch_goes_on():
 
 
 def test_step_past_its_time_limit_raises_and_closes():
-    """A browser step slower than env.webarena_lite.step_timeout_s while the task's site answers is the model's failure (a
-    TimeoutError, not an InfraError: the loop scores it 0, never a free pass)."""
+    """A browser step slower than env.webarena_lite.step_timeout_s while the task's site answers is the model's
+    failure (a TimeoutError, not an InfraError: the loop scores it 0, never a free pass)."""
     e = make("webarena_lite", max_turns=4, web=CFG)
     obs = e.reset(demo.tasks(1)[0])[0][-1]["content"]  # playwright's own timeout: 20 s
     e.cfg = dataclasses.replace(CFG, step_timeout_s=1e-4)  # the wall-clock limit every real step exceeds
@@ -181,9 +182,21 @@ def test_step_past_its_time_limit_raises_and_closes():
         e.step(f'fill("{_bid(obs, "textbox", "Name")}", "Ada")')
     assert not isinstance(err.value, InfraError)
     assert e.gym is None and not _browsers()
-    with pytest.raises(Exception, match="Timeout 10ms exceeded"):  # a reset past playwright's timeout (its own error)
-        make("webarena_lite", web=WebConfig(settle_s=0.0, step_timeout_s=0.01)).reset(demo.tasks(1)[0])
-    assert not _browsers()
+
+
+def test_a_reset_past_playwrights_timeout_raises_its_error_and_closes():
+    """The page answers after 1 s, so a load limited to 10 ms fails on any machine (playwright's own error)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowPage)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    e = make("webarena_lite", web=WebConfig(settle_s=0.0, step_timeout_s=0.01))
+    try:
+        with pytest.raises(Exception, match="Timeout 10ms exceeded"):
+            e.reset(demo.tasks(1, url=f"http://127.0.0.1:{srv.server_address[1]}")[0])
+        assert e.gym is None and not _browsers()
+    finally:
+        e.close()  # a reset that did succeed leaves no browser to the next test
+        srv.shutdown()
+        srv.server_close()
 
 
 _BUSY = (b"<html><body><h1>Busy</h1><button onclick=\"setTimeout(()=>{while(true){}},0)\">Go</button>"
@@ -202,10 +215,16 @@ class _BusyPage(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _SlowPage(_BusyPage):
+    def do_GET(self):  # noqa: N802
+        time.sleep(1.0)
+        super().do_GET()
+
+
 def test_a_page_that_never_yields_is_killed_at_the_step_time_limit():
     """Its JavaScript loops forever after a click, so playwright's call never returns: the step's wall clock
-    (env.webarena_lite.step_timeout_s) kills the browser, the step raises, and no process is left. The site still answers, so
-    the hang is the model's action (a TimeoutError), not the infrastructure's."""
+    (env.webarena_lite.step_timeout_s) kills the browser, the step raises, and no process is left. The site still
+    answers, so the hang is the model's action (a TimeoutError), not the infrastructure's."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyPage)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
@@ -273,8 +292,8 @@ def test_a_site_behind_a_proxy_answering_502_is_down():
 
 
 def test_the_configured_chromium_is_the_one_launched(tmp_path, monkeypatch):
-    """env.webarena_lite.chromium names a wrapper of the real binary (not the setup link's target): the browser of an episode
-    is started through it."""
+    """env.webarena_lite.chromium names a wrapper of the real binary (not the setup link's target): the browser of an
+    episode is started through it."""
     from esopt_mp.envs.web import stack
 
     real = os.path.realpath(stack.browser_link(os.environ["PLAYWRIGHT_BROWSERS_PATH"]))

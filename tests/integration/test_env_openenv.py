@@ -181,10 +181,12 @@ def test_at_capacity_a_reset_waits_then_fails_as_infra(servers):
     second = make(servers["small"], capacity_wait_s=0.5)
     with pytest.raises(InfraError, match="capacity"):
         second.reset({"id": "b", "seed": 2})
-    first.close()
-    msgs, _ = second.reset({"id": "b", "seed": 2})  # a freed session is taken
+    first.close()  # the server frees its session once it has seen the disconnect
+    third = make(servers["small"])  # waits for it (capacity_wait_s=30)
+    msgs, _ = third.reset({"id": "b", "seed": 2})  # a freed session is taken
     assert "Guess it" in msgs[-1]["content"]
     second.close()
+    third.close()
 
 
 def test_a_server_killed_mid_episode_is_infra(servers):

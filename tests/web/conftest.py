@@ -43,3 +43,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/web/" in str(item.fspath).replace(os.sep, "/"):  # the folder: browser tests
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _close_browsers_a_failed_test_left():
+    """A test that fails part-way leaves its browser open; closed here, or the next tests' process checks fail too."""
+    yield
+    if MISSING is None:
+        from esopt_mp.envs.web import env
+
+        if env._LIVE:
+            env.close_all()

@@ -101,7 +101,7 @@ def by_task(base_url, model, task):
     if do == "infra":
         raise InfraError("the tool server is down")
     if do == "sleep":
-        time.sleep(2.0)
+        time.sleep(20.0)  # past the wall clock below, which leaves the others room on a busy machine
     return float(len(reply))
 
 
@@ -176,7 +176,7 @@ def test_a_harness_that_cannot_be_loaded_is_one_line():
 # ---------------------------------------------------------------- episodes
 def test_each_way_a_harness_fails_is_its_kind_with_its_error(tmp_path):
     """One episode per way: its return, kind and error, in the trajectories file with its requests."""
-    cfg = harness_cfg(tmp_path, timeout_s=0.5)
+    cfg = harness_cfg(tmp_path, timeout_s=3.0)
     traj = tmp_path / "trajectories.jsonl"
     p = player_of(cfg, [["hi!"]] * 8, str(traj))
     do = ["win", "raise", "text", "nan", "infra", "sleep", "silent"]
@@ -192,7 +192,7 @@ def test_each_way_a_harness_fails_is_its_kind_with_its_error(tmp_path):
     assert errors["raise"] == "raised KeyError: \"the harness's bug\""
     assert errors["text"] == "returned 'abc' is not a number"
     assert errors["nan"] == "returned nan is not a finite number"
-    assert errors["sleep"] == "wall clock 0.5 s exceeded"
+    assert errors["sleep"] == "wall clock 3 s exceeded"
     assert errors["silent"].startswith("returned 1.0; it got no reply from the endpoint fake://")
     assert p.take_failures() == [3, 1, 2] and p.take_failures() == [0, 0, 0]
     assert p.take_retried() == [2, 0] and p.take_retried() == [0, 0]  # the two infrastructure failures, again

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -38,6 +39,7 @@ STOPPED = 75  # launch/train.py's exit status for a run stopped (SIGTERM/SIGUSR1
 sys.path.insert(0, ROOT)
 from esopt_mp.profiling.record import bench_record, git_commit  # noqa: E402
 from tools.learning_jobs import AlreadyRunning, Jobs  # noqa: E402
+from tools.learning_report import plot, read_reports, table  # noqa: E402
 from tools.learning_runs import finished, launches, result, write_atomic_json  # noqa: E402
 from tools.learning_tasks import LOWRANK, METHODS, TASKS  # noqa: E402
 
@@ -84,16 +86,16 @@ def plan(task: str, methods: list[str], episodes: int | None, extra: list[str]) 
     if not budget:  # the task's ES run as its profile sets it: every method then plays what ES plays
         cfg = compose(spec["overrides"] + method_overrides(spec, "es") + list(extra))
         budget = per_step("es", cfg) * int(cfg["es"]["steps"])
+    argvs = {m: spec["overrides"] + method_overrides(spec, m) + ([] if algo_of(m) == "es" else [f"algo={m}"])
+             + list(extra) for m in methods}
+    sizes = {m: per_step(m, compose(argv)) for m, argv in argvs.items()}
+    if any(budget % n for n in sizes.values()):  # a method playing fewer (or more) episodes would be no comparison
+        raise SystemExit(f"error: {budget} training episodes is not a whole number of steps of every method "
+                         f"({', '.join(f'{m}: {n}' for m, n in sizes.items())} episodes a step): give --episodes "
+                         f"a multiple of {math.lcm(*sizes.values())}")
     out = {}
-    for m in methods:
-        argv = spec["overrides"] + \
-            method_overrides(spec, m) + ([] if algo_of(m) == "es" else [f"algo={m}"]) + list(extra)
-        cfg = compose(argv)
-        n = per_step(m, cfg)
-        steps = max(1, budget // n)
-        if steps * n != budget:
-            print(f"[bench_learning] {m}: {budget} episodes is not a whole number of steps of {n}; "
-                  f"{steps * n} played", file=sys.stderr)
+    for m, argv in argvs.items():
+        n, steps = sizes[m], budget // sizes[m]
         out[m] = {"argv": argv + [f"es.steps={steps}"] + ([] if algo_of(m) == "es" else [f"algo.steps={steps}"]),
                   "steps": steps, "episodes_per_step": n, "episodes": steps * n}
     return out
@@ -284,82 +286,27 @@ def _play_all(args, todo, queue, jobs, results, start_dir, success, earlier) -> 
         results.append(read_back(m, s, run_dir) if finished(run_dir) is not None else row(m, s, run_dir, stopped=True))
 
 
-def _mean(values: list) -> float | None:
-    """The mean of the values that were measured (None: a run finished by a process this benchmark did not see)."""
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
-
-
-def table(results: list[dict]) -> dict[str, dict]:
-    """Per method: the seeds' start and end, their mean, the smallest gain, whether every seed went up."""
-    out = {}
-    for m in dict.fromkeys(r["method"] for r in results):
-        rs = [r for r in results if r["method"] == m and "after" in r]
-        if not rs:
-            out[m] = {"runs": 0}
-            continue
-        mean = lambda k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
-        row = {"runs": len(rs), "episodes": rs[0]["episodes"], "mean_before": mean("before"),
-               "mean_after": mean("after"), "mean_delta": mean("delta"), "min_delta": min(r["delta"] for r in rs),
-               "every_seed_up": all(r["delta"] > 0 for r in rs),
-               "mean_train_seconds": _mean([r["train_seconds"] for r in rs]),
-               "max_peak_rss_bytes": max(r["peak_rss_bytes"] or 0 for r in rs)}
-        drifts = [r["drift"] for r in rs if "drift" in r]
-        if drifts:
-            for k in ("offtask_nll_delta", "update_norm", "relative_update_norm"):
-                row[f"mean_{k}"] = sum(d[k] for d in drifts) / len(drifts)
-        out[m] = row
-    return out
-
-
-COLOURS = {"es": "tab:blue", "grpo": "tab:orange", "ppo": "tab:green", "es-anchored": "tab:purple",
-           "es-lowrank": "tab:red"}
-
-
-def band(curves: list[list]) -> tuple[list, list, list, list]:
-    """The seeds' mean, lowest and highest held-out score at the episode counts every seed was evaluated at (a
-    resumed run adds a point where it restarted; one seed's point is never averaged with another count's)."""
-    xs = sorted(set.intersection(*({x for x, _ in c} for c in curves)))
-    ys = [[dict(map(tuple, c))[x] for c in curves] for x in xs]
-    return xs, [sum(y) / len(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
-
-
-def plot(reports: list[dict], png: str) -> str:
-    """One panel per report: each method's mean held-out curve over episodes, the seeds' range shaded."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.2 * len(reports), 4.0))
-    axes = fig.subplots(1, len(reports), squeeze=False)[0]
-    for ax, rep in zip(axes, reports):
-        for m in dict.fromkeys(r["method"] for r in rep["runs"]):
-            curves = [r["curve"] for r in rep["runs"] if r["method"] == m and r.get("curve")]
-            if not curves:
-                continue
-            xs, mean, low, high = band(curves)
-            ax.plot(xs, mean, "o-", color=COLOURS.get(m), label=f"{m.upper()} "
-                    f"({len(curves)} seed{'s, mean' if len(curves) > 1 else ''})")
-            ax.fill_between(xs, low, high, color=COLOURS.get(m), alpha=0.15)
-        ax.set_title(f"{rep['task']}: {rep.get('model') or 'tiny agent'}", fontsize=9)
-        ax.set_xlabel("training episodes played")
-        full = any(r.get("success") == "full" for r in rep["runs"])
-        ax.set_ylabel("held-out games won" if full else "held-out success")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # no finished run yet: an empty panel, no legend
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    return png
+def _count(lowest: int):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < lowest:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {lowest}")
+        return n
+    return parse
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog=os.environ.get("ESOPT_PROG"), description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="default", choices=sorted(TASKS))
     ap.add_argument("--methods", nargs="+", default=["es"], choices=METHODS)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--episodes", type=int, help="training episodes per run (default: the task's)")
-    ap.add_argument("--evals", type=int, default=4, help="held-out evaluations during a run (besides the first)")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at once")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads per run (0: cores / jobs)")
+    ap.add_argument("--seeds", type=_count(0), nargs="+", default=[0, 1, 2])
+    ap.add_argument("--episodes", type=_count(1), help="training episodes per run (default: the task's)")
+    ap.add_argument("--evals", type=_count(1), default=4, help="held-out evaluations during a run (besides the first)")
+    ap.add_argument("--jobs", type=_count(1), default=1, help="runs at once")
+    ap.add_argument("--threads", type=_count(0), default=0, help="CPU threads per run (0: cores / jobs)")
     ap.add_argument("--out", help="the runs and the report (default: bench/learning-<task>)")
     ap.add_argument("--report-only", action="store_true", help="report the finished runs; start none")
     ap.add_argument("--include", nargs="+", metavar="REPORT",
@@ -370,8 +317,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = ap.parse_args()
     if args.plot:
-        reports = [json.load(open(p)) for p in args.plot]
-        print(plot(reports, args.png or os.path.splitext(args.plot[0])[0] + ".png"))
+        print(plot(read_reports(args.plot), args.png or os.path.splitext(args.plot[0])[0] + ".png"))
         return
     args.seeds, args.methods = list(dict.fromkeys(args.seeds)), list(dict.fromkeys(args.methods))  # each once
     args.out = os.path.abspath(args.out or os.path.join(ROOT, "bench", f"learning-{args.task}"))
@@ -380,6 +326,9 @@ def main() -> None:
     head = bench_record("learning", {})  # the command, machine, versions and commit the runs start with
     todo = plan(args.task, args.methods, args.episodes, args.overrides)
     results = run_all(args, todo)
+    if args.report_only and not any("after" in r for r in results):
+        raise SystemExit(f"error: nothing to report: no finished run of {' '.join(args.methods)}, seeds "
+                         f"{' '.join(map(str, args.seeds))}, in {args.out}" + (" or --include" if args.include else ""))
     report = {"command": head["command"], "machine": head["machine"], "versions": head["versions"],
               "task": args.task, "about": TASKS[args.task]["about"], "model": TASKS[args.task]["model"],
               "plan": todo, "threads_per_run": args.threads, "jobs": args.jobs, "runs": results,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tools import bench_learning as bl
-from tools import learning_runs as lr
+from tools import learning_report, learning_runs as lr
 from tools.learning_tasks import SMOLLM2
 
 
@@ -137,7 +137,7 @@ def test_every_task_plans_every_method_as_a_run_that_would_start(task):
 def test_the_seeds_band_uses_only_the_points_every_seed_was_evaluated_at():
     """A resumed run is evaluated where it restarted too: its extra point is not averaged with another seed's."""
     resumed = [[0, 0.2], [512, 0.6], [640, 0.64], [1024, 0.7]]
-    xs, mean, low, high = bl.band([resumed, [[0, 0.3], [512, 0.4], [1024, 0.9]]])
+    xs, mean, low, high = learning_report.band([resumed, [[0, 0.3], [512, 0.4], [1024, 0.9]]])
     assert xs == [0, 512, 1024]
     assert mean == pytest.approx([0.25, 0.5, 0.8]) and low == [0.2, 0.4, 0.7] and high == [0.3, 0.6, 0.9]
 
@@ -203,3 +203,13 @@ def test_included_runs_come_from_an_earlier_report_of_the_same_settings_where_no
 def test_a_seed_override_is_refused_the_seeds_are_the_benchmark_s():
     with pytest.raises(SystemExit, match="run.seed is set per run by --seeds"):
         bl.plan("products", ["grpo"], None, ["run.seed=7"])
+
+
+def test_a_budget_one_method_cannot_play_whole_is_refused_not_rounded():
+    """ES plays 256 episodes a step on the default task, the baselines 32: 96 would give them unequal budgets."""
+    with pytest.raises(SystemExit, match=r"^error: 96 training episodes is not a whole number of steps of every "
+                                         r"method \(es: 256, grpo: 32 episodes a step\): give --episodes a multiple "
+                                         r"of 256$"):
+        bl.plan("default", ["es", "grpo"], 96, [])
+    assert {m: t["episodes"] for m, t in bl.plan("default", ["es", "grpo"], 512, []).items()} == {"es": 512,
+                                                                                                "grpo": 512}

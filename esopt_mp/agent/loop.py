@@ -11,7 +11,7 @@ import logging
 import math
 import time
 
-from esopt_mp.chat.format import build_chat_format, clean_text
+from esopt_mp.chat.format import ChatFormatError, build_chat_format, clean_text
 from esopt_mp.engine.base import Engine, SamplingParams, generate_capped
 from esopt_mp.core.errors import InfraError
 from esopt_mp.core.types import Episode
@@ -71,8 +71,7 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
     None: every episode plays the weights as they are.
     """
     tok = engine.tokenizer
-    chat = build_chat_format(tok)  # ChatML, or the model's own template
-    sampling = dataclasses.replace(cfg.sampling, stop=(*cfg.sampling.stop, *chat.stop)) if chat.stop else cfg.sampling
+    chat = build_chat_format(tok)  # ChatML, or the model's own template (the engine stops replies as it says)
     episodes = [Episode(str(t.get("id", i))) for i, t in enumerate(tasks)]
     convs = [engine.new_conversation(i, s) if members is None else engine.new_conversation(i, s, member=members[i])
              for i, s in enumerate(seeds)]
@@ -99,7 +98,7 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
     while live:
         caps = [_left(cfg, convs[i], new_ids[i]) for i in live] if cfg.max_episode_tokens else None
         starts = [len(convs[i].ids) + len(new_ids[i]) for i in live]
-        gens = generate_capped(engine, [convs[i] for i in live], [new_ids[i] for i in live], sampling, caps)
+        gens = generate_capped(engine, [convs[i] for i in live], [new_ids[i] for i in live], cfg.sampling, caps)
         nxt = []
         steps = call_envs([(envs[i], "step", g.text) for i, g in zip(live, gens)], cfg.env_workers)
         for i, g, s0, (out, err, env_s) in zip(live, gens, starts, steps):
@@ -133,6 +132,8 @@ def run_episodes(engine: Engine, envs: list, tasks: list[dict], seeds: list[int]
                 prompts[i] = clean_text(chat.delta(history[i], g.token_ids, g.finish, msgs))
                 history[i] += [{"role": "assistant", "content": g.text}, *msgs]
                 new_ids[i] = _encode(tok, prompts[i])
+            except ChatFormatError:  # the model's template and the env's messages do not fit: no episode's fault
+                raise
             except Exception as e:  # noqa: BLE001 - what the model's reply made of the env's answer: its failure
                 _fail(ep, f"step {len(ep.turns)}: {type(e).__name__}: {e}", "model", envs[i])
                 continue
@@ -162,7 +163,6 @@ def generate_texts(engine: Engine, messages: list[list[dict]], seeds: list[int],
     convs = [engine.new_conversation(i, s) for i, s in enumerate(seeds)]
     chat = build_chat_format(engine.tokenizer)
     ids = [_encode(engine.tokenizer, chat.opening(m)) for m in messages]
-    sampling = dataclasses.replace(sampling, stop=(*sampling.stop, *chat.stop)) if chat.stop else sampling
     return [g.text for g in engine.generate(convs, ids, sampling)]
 
 

@@ -49,7 +49,7 @@ _REPLY, _NEXT = "\ue000esopt-reply\ue001", "\ue000esopt-next\ue001"  # private-u
 class ChatML:
     """ChatML as above: the format of a tokenizer whose template is ChatML (the tiny agent's, SmolLM2's, Qwen's)
     or that has none. A reply ended cleanly when its last token is ``<|im_end|>``."""
-    name, stop = "chatml", ()
+    name, stop, end_tokens = "chatml", (), ()
 
     def __init__(self, tokenizer):
         self.end = tokenizer.convert_tokens_to_ids(IM_END)
@@ -61,13 +61,19 @@ class ChatML:
         return delta_text(bool(reply_ids) and reply_ids[-1] == self.end, messages)
 
 
+class ChatFormatError(ValueError):
+    """The model's chat template cannot render a conversation (a role it does not take, an order it refuses)."""
+
+
 class TemplateChat:
     """A model's own chat template (its tokenizer's, such as the plain one a base model's GGUF file is given).
 
     A turn's delta is what the template writes after the assistant's reply: the conversation is rendered with a
     marker in the reply's place and the text after the marker taken, less what the reply already ends with (its
     end token, or the stop string it stopped at). A reply stops where the template starts the next message
-    (``stop``), which matters for a template with no end-of-turn token: a base model writes the next turn itself.
+    (``stop``: engines add it to a generation's stop strings), which matters for a template with no end-of-turn
+    token, as a base model writes the next turn itself; a special token the template ends a message with
+    (``end_tokens``) ends a reply as the tokenizer's EOS does.
     """
     name = "template"
 
@@ -77,9 +83,16 @@ class TemplateChat:
                               {"role": "user", "content": _NEXT}], False)
         between = probe[probe.index(_REPLY) + len(_REPLY):probe.index(_NEXT)].rstrip()
         self.stop = (between,) if between.strip() else ()
+        special = sorted(getattr(tokenizer, "all_special_tokens", None) or [], key=len, reverse=True)
+        self.end_tokens = tuple(t for t in special[:1000] if t and between.startswith(t))[:1]
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        try:
+            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception as e:  # noqa: BLE001 - jinja's TemplateError, or what the template raises itself
+            roles = ", ".join(str(m.get("role")) for m in messages)
+            raise ChatFormatError(f"the model's chat template cannot render this conversation (roles: {roles}): "
+                                  f"{type(e).__name__}: {e}") from None
 
     def opening(self, messages: list[dict]) -> str:
         return self._render(messages, True)
@@ -87,12 +100,18 @@ class TemplateChat:
     def delta(self, history: list[dict], reply_ids: list[int], finish: str, messages: list[dict]) -> str:
         text = self._render([*history, {"role": "assistant", "content": _REPLY}, *messages], True)
         after = text[text.index(_REPLY) + len(_REPLY):]
-        done = self.stop[0] if finish == "stop" and self.stop else \
-            self.tok.decode(reply_ids[-1:], skip_special_tokens=False) if finish == "eos" and reply_ids else ""
+        done = ""
+        if finish == "eos" and reply_ids:
+            done = self.tok.decode(reply_ids[-1:], skip_special_tokens=False)
+        elif finish == "stop" and self.stop and self.tok.decode(reply_ids[-16:]).rstrip().endswith(self.stop[0]):
+            done = self.stop[0]  # its own stop string, not another one the sampling was given
         return after[len(done):] if done and after.startswith(done) else after
 
 
 def build_chat_format(tokenizer) -> ChatML | TemplateChat:
-    """The tokenizer's own chat format: ChatML where its template is ChatML or it has none, else its template."""
+    """The tokenizer's own chat format: ChatML where its template is ChatML or it has none, else its template
+    (of several named ones, the ``default``, as transformers renders)."""
     template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
     return ChatML(tokenizer) if not template or IM_START in str(template) else TemplateChat(tokenizer)

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from esopt_mp.chat.format import build_chat_format
 from esopt_mp.core.types import Generation
 from esopt_mp.engine.config import EngineConfig, check_sampling
 
@@ -137,9 +138,21 @@ def reply_text(tokenizer, eos: set[int], ids: list[int], stop) -> str:
     return text
 
 
+def chat_stops(tokenizer) -> tuple[str, ...]:
+    """Stop strings every generation gets besides its own: where the model's chat template starts the next message
+    (none for ChatML, whose replies end with a token). Both engines, leader and TP peers alike, so a row ends at
+    the same token on every rank."""
+    return build_chat_format(tokenizer).stop
+
+
 def eos_ids(tokenizer, extra=None) -> set[int]:
-    """Token ids that end a reply: ChatML's <|im_end|>, <|endoftext|>, the tokenizer's eos (both engines)."""
+    """Token ids that end a reply: ChatML's <|im_end|>, <|endoftext|>, the tokenizer's eos, the special token a
+    model's own chat template ends a message with (both engines)."""
     eos = set(extra or [])
+    for tok in build_chat_format(tokenizer).end_tokens:
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            eos.add(tid)
     for tok in ("<|im_end|>", "<|endoftext|>"):
         tid = tokenizer.convert_tokens_to_ids(tok)
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from esopt_mp.engine.base import (
-    EngineStats, Generation, SamplingParams, check_caps, eos_ids, pad_id, reply_text, sample,
+    EngineStats, Generation, SamplingParams, chat_stops, check_caps, eos_ids, pad_id, reply_text, sample,
 )
 
 
@@ -82,6 +82,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model)
         self.eos = eos_ids(tokenizer, eos_token_ids)
+        self.chat_stop = chat_stops(tokenizer)
         self.stats = EngineStats()
         cfg = getattr(model.config, "text_config", None) or model.config
         self.max_context = getattr(cfg, "max_position_embeddings", None)  # prompt + reply tokens the model takes
@@ -193,6 +194,7 @@ class HFEngine:
         width = int(lengths.max())
         mask = (torch.arange(width)[None] >= torch.tensor(pads)[:, None]).long()
         logits = torch.stack(last)
+        stop = (*params.stop, *self.chat_stop)
         while active:
             toks = sample(logits, [generated[i] for i in active], params, [convs[i].generator for i in active])
             keep = []
@@ -201,7 +203,7 @@ class HFEngine:
                 finish = None
                 if tok in self.eos:
                     finish = "eos"
-                elif params.stop and any(s in self.tokenizer.decode(generated[i]) for s in params.stop):
+                elif stop and any(s in self.tokenizer.decode(generated[i]) for s in stop):
                     finish = "stop"
                 elif len(generated[i]) >= caps[i]:
                     finish = "length"
@@ -231,7 +233,7 @@ class HFEngine:
         return results
 
     def _text(self, ids: list[int], params: SamplingParams) -> str:
-        return reply_text(self.tokenizer, self.eos, ids, params.stop)
+        return reply_text(self.tokenizer, self.eos, ids, (*params.stop, *self.chat_stop))
 
 
 # Prefill planning

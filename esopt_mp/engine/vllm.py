@@ -34,7 +34,7 @@ import time
 import torch
 
 from esopt_mp.core.types import Generation
-from esopt_mp.engine.base import EngineStats, check_caps, eos_ids, pad_id, reply_text
+from esopt_mp.engine.base import EngineStats, chat_stops, check_caps, eos_ids, pad_id, reply_text
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ class VLLMEngine:
         _, self._SamplingParams = import_vllm()
         self.llm, self.tokenizer, self.weights, self.members = llm, tokenizer, weights, members
         self.eos = eos_ids(tokenizer)
+        self.chat_stop = chat_stops(tokenizer)
         self.pad_id = pad_id(tokenizer)
         self.stats = EngineStats()
         try:  # prompt + reply tokens the engine takes (engine.max_model_len, else the model's); vLLM raises past it
@@ -157,11 +158,12 @@ class VLLMEngine:
         return Conversation(cid, seed, member)
 
     def _params(self, conv: Conversation, p, max_tokens: int):
+        stop = [*p.stop, *self.chat_stop]
         return self._SamplingParams(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-            presence_penalty=p.presence_penalty, max_tokens=max_tokens, stop=list(p.stop) or None,
+            presence_penalty=p.presence_penalty, max_tokens=max_tokens, stop=stop or None,
             stop_token_ids=sorted(self.eos), seed=_turn_seed(conv.seed, conv.turns), skip_special_tokens=False,
-            detokenize=bool(p.stop))
+            detokenize=bool(stop))
 
     def generate(self, convs: list[Conversation], new_ids: list[list[int]], params,
                  max_new: list[int] | None = None) -> list[Generation]:
@@ -208,7 +210,7 @@ class VLLMEngine:
             self.members.close()
 
     def _text(self, ids: list[int], params) -> str:
-        return reply_text(self.tokenizer, self.eos, ids, params.stop)
+        return reply_text(self.tokenizer, self.eos, ids, (*params.stop, *self.chat_stop))
 
 
 class VLLMWeights:

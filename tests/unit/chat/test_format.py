@@ -2,8 +2,8 @@
 it, so the prefix-reusing and the re-encoding engine see the same sequence."""
 import pytest
 
-from esopt_mp.chat.format import (CHAT_TEMPLATE, GEN_PROMPT, IM_END, build_chat_format, clean_text, delta_text,
-                                  opening_text)
+from esopt_mp.chat.format import (CHAT_TEMPLATE, GEN_PROMPT, IM_END, ChatFormatError, build_chat_format, clean_text,
+                                  delta_text, opening_text)
 from esopt_mp.models.gguf import PLAIN_TEMPLATE
 
 jinja2 = pytest.importorskip("jinja2")
@@ -85,3 +85,30 @@ def test_a_template_with_an_end_token_grown_by_deltas_is_its_text_for_the_whole(
     grown = chat.opening(OPENING) + tok.decode(ids, skip_special_tokens=False)
     grown += chat.delta(OPENING, ids, finish, THEN)
     assert grown == _whole(tok, "4")
+
+
+def test_a_template_s_end_token_ends_a_reply_and_another_stop_string_keeps_the_next_header(tok):
+    from esopt_mp.engine.base import chat_stops, eos_ids
+
+    tok.chat_template = ENDED  # its messages end with <|im_end|>, a special token (not ChatML: no <|im_start|>)
+    chat = build_chat_format(tok)
+    assert chat.end_tokens == ("<|im_end|>",) and tok.convert_tokens_to_ids(IM_END) in eos_ids(tok)
+    tok.chat_template = PLAIN_TEMPLATE
+    chat = build_chat_format(tok)
+    assert chat_stops(tok) == ("\nUser:",) and chat.end_tokens == ()
+    cut = tok.encode(" 5</a>", add_special_tokens=False)  # a reply cut by a stop string of the run's own
+    assert chat.delta(OPENING, cut, "stop", THEN) == "\nUser: and 3+3?\nAssistant:"
+
+
+def test_a_conversation_the_template_cannot_render_is_one_error_not_a_model_failure(tok):
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role') }}"
+                         "{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    chat = build_chat_format(tok)
+    with pytest.raises(ChatFormatError, match=r"^the model's chat template cannot render this conversation \(roles: "
+                                              r"system, user, assistant, tool\): .*no tool role"):
+        chat.delta(OPENING, [], "length", [{"role": "tool", "content": "4"}])
+
+
+def test_named_templates_use_the_default_one(tok):
+    tok.chat_template = {"default": PLAIN_TEMPLATE, "tool_use": CHAT_TEMPLATE}
+    assert build_chat_format(tok).name == "template"

@@ -84,7 +84,7 @@ class TemplateChat:
         between = probe[probe.index(_REPLY) + len(_REPLY):probe.index(_NEXT)].rstrip()
         self.stop = (between,) if between.strip() else ()
         special = sorted(getattr(tokenizer, "all_special_tokens", None) or [], key=len, reverse=True)
-        self.end_tokens = tuple(t for t in special[:1000] if t and between.startswith(t))[:1]
+        self.end_tokens = tuple(t for t in special if t and between.startswith(t))[:1]
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
         try:

@@ -39,7 +39,7 @@ STOPPED = 75  # launch/train.py's exit status for a run stopped (SIGTERM/SIGUSR1
 sys.path.insert(0, ROOT)
 from esopt_mp.profiling.record import bench_record, git_commit  # noqa: E402
 from tools.learning_jobs import AlreadyRunning, Jobs  # noqa: E402
-from tools.learning_report import plot, read_reports, table  # noqa: E402
+from tools.learning_report import plot, read_report, table  # noqa: E402
 from tools.learning_runs import finished, launches, result, write_atomic_json  # noqa: E402
 from tools.learning_tasks import LOWRANK, METHODS, TASKS  # noqa: E402
 
@@ -184,14 +184,8 @@ def included(args, todo: dict[str, dict]) -> list[tuple[str, int, dict]]:
     out, seen, ours = [], set(), {}
     commit = git_commit()
     for path in args.include or []:
-        try:
-            with open(path) as f:
-                rep = json.load(f)
-            runs, plans = rep["runs"], rep["plan"]
-            if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs) or not isinstance(plans, dict):
-                raise TypeError("'runs' must be a list of runs and 'plan' a mapping of methods")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"error: --include {path}: not a learning benchmark report ({type(e).__name__}: {e})")
+        rep = read_report(path, "--include", plan=True)
+        runs, plans = rep["runs"], rep["plan"]
         if rep.get("task") != args.task:
             raise SystemExit(f"error: --include {path}: a report of task {rep.get('task')!r}, not {args.task!r}")
         machine = rep.get("machine") if isinstance(rep.get("machine"), dict) else {}
@@ -317,7 +311,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = ap.parse_args()
     if args.plot:
-        print(plot(read_reports(args.plot), args.png or os.path.splitext(args.plot[0])[0] + ".png"))
+        reports = [read_report(p, "--plot") for p in args.plot]
+        print(plot(reports, args.png or os.path.splitext(args.plot[0])[0] + ".png"))
         return
     args.seeds, args.methods = list(dict.fromkeys(args.seeds)), list(dict.fromkeys(args.methods))  # each once
     args.out = os.path.abspath(args.out or os.path.join(ROOT, "bench", f"learning-{args.task}"))

@@ -72,16 +72,19 @@ def plot(reports: list[dict], png: str) -> str:
     return png
 
 
-def read_reports(paths: list[str]) -> list[dict]:
-    """The reports to plot, each a benchmark report with runs; a file that is not one is refused in one line."""
-    out = []
-    for path in paths:
-        try:
-            with open(path) as f:
-                rep = json.load(f)
-            if not isinstance(rep.get("runs"), list) or "task" not in rep:
-                raise ValueError("no 'task' or no list of 'runs'")
-        except (OSError, ValueError, AttributeError) as e:
-            raise SystemExit(f"error: --plot {path}: not a learning benchmark report ({type(e).__name__}: {e})")
-        out.append(rep)
-    return out
+def read_report(path: str, option: str, plan: bool = False) -> dict:
+    """The benchmark report at ``path`` (its runs a list of runs, its task named, and with ``plan`` its plan a
+    mapping of methods); a file that is not one is refused in one line naming ``option``."""
+    try:
+        with open(path) as f:
+            rep = json.load(f)
+        runs = rep["runs"]
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise TypeError("'runs' must be a list of runs")
+        if plan and not isinstance(rep["plan"], dict):
+            raise TypeError("'plan' must be a mapping of methods")
+        if "task" not in rep:
+            raise KeyError("task")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {option} {path}: not a learning benchmark report ({type(e).__name__}: {e})")
+    return rep
